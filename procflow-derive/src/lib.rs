@@ -1,0 +1,1 @@
+//! Derive macro for procflow (work in progress).

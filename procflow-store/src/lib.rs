@@ -1,0 +1,1 @@
+//! Storage for procflow (work in progress).

@@ -1,0 +1,1 @@
+//! procflow (work in progress).

@@ -1,0 +1,1 @@
+//! Workspace root package: owns the examples and the integration tests.
