@@ -1,0 +1,80 @@
+//! The error type shared by every [`Store`](crate::Store).
+
+use std::io;
+use std::path::PathBuf;
+
+use crate::store::ProcId;
+
+/// What can go wrong when talking to a [`Store`](crate::Store).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// An I/O operation failed.
+    #[error("I/O error while {context} ({}): {source}", path.display())]
+    Io {
+        /// What the store was doing, e.g. `"syncing segment"`.
+        context: &'static str,
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// Stored bytes are damaged in a way that is not a torn tail: data after them would
+    /// otherwise be silently dropped, so the store refuses to open.
+    #[error("corrupt store file {} at byte offset {offset}: {reason}", file.display())]
+    Corrupt {
+        /// The damaged file.
+        file: PathBuf,
+        /// Byte offset of the first damaged record or header in `file`.
+        offset: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Another process (or another store in this process) has the store directory open.
+    #[error("another process has the store open (lock held on {})", dir.display())]
+    Locked {
+        /// The store directory.
+        dir: PathBuf,
+    },
+    /// A previous write or fsync failed, so the log's durable state is unknown; reopen the
+    /// store to recover from what is on disk.
+    #[error("the store is poisoned by an earlier failed write or fsync; reopen it")]
+    Poisoned,
+    /// The batch carried a fencing token lower than one already committed: a newer owner
+    /// has taken over the store.
+    #[error("fenced: batch token {token} is lower than the highest committed token {highest}")]
+    Fenced {
+        /// The token of the rejected batch.
+        token: u64,
+        /// The highest token committed so far.
+        highest: u64,
+    },
+    /// The batch exceeds one of the store's [`Limits`](crate::Limits).
+    #[error("batch too large: {what} is {size}, the limit is {limit}")]
+    TooLarge {
+        /// Which limit was exceeded, e.g. `"ops per batch"`.
+        what: &'static str,
+        /// The size of the offending item.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The store has been closed with [`Store::close`](crate::Store::close).
+    #[error("the store is closed")]
+    Closed,
+    /// [`Op::Finish`](crate::Op::Finish) named a procedure the store does not hold.
+    #[error("unknown procedure {0}")]
+    UnknownProcedure(ProcId),
+}
+
+#[expect(dead_code, reason = "used by the WAL")]
+impl StoreError {
+    pub(crate) fn io(context: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+        StoreError::Io {
+            context,
+            path: path.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! The in-memory view of a store's contents, shared by [`MemStore`](crate::MemStore) and
+//! [`WalStore`](crate::WalStore): validation of a [`Batch`] and application of its changes.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::StoreError;
+use crate::store::{Batch, Limits, Loaded, Op, ProcId, Record, RecordInfo};
+
+/// A self-contained change: unlike [`Op::Finish`] it never depends on earlier state, so a
+/// log holding only the latest change of every key can be replayed on its own (this is
+/// what makes compaction possible). It is also the unit written to the WAL.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Change {
+    /// Insert or replace a whole record.
+    Put {
+        id: ProcId,
+        parent: Option<ProcId>,
+        finished: bool,
+        value: Vec<u8>,
+    },
+    /// Remove a record.
+    Delete { id: ProcId },
+    /// Insert or replace a metadata entry.
+    PutMeta { key: String, value: Vec<u8> },
+    /// Remove a metadata entry.
+    DeleteMeta { key: String },
+}
+
+/// Which entry of the state a [`Change`] touches.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum Key {
+    Proc(ProcId),
+    Meta(String),
+}
+
+#[expect(dead_code, reason = "used by the WAL")]
+impl Change {
+    pub(crate) fn key(&self) -> Key {
+        match self {
+            Change::Put { id, .. } | Change::Delete { id } => Key::Proc(*id),
+            Change::PutMeta { key, .. } | Change::DeleteMeta { key } => Key::Meta(key.clone()),
+        }
+    }
+
+    /// `true` for changes that remove their key.
+    pub(crate) fn is_removal(&self) -> bool {
+        matches!(self, Change::Delete { .. } | Change::DeleteMeta { .. })
+    }
+}
+
+/// A batch that passed validation, turned into self-contained changes.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    pub(crate) changes: Vec<Change>,
+    pub(crate) fencing_token: Option<u64>,
+}
+
+/// Records, metadata and the highest fencing token committed.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct State {
+    pub(crate) records: BTreeMap<ProcId, Record>,
+    pub(crate) meta: BTreeMap<String, Vec<u8>>,
+    pub(crate) highest_token: Option<u64>,
+}
+
+impl State {
+    /// Validates `batch` against `limits`, the fencing token and the current records, and
+    /// resolves it into changes. Nothing is modified.
+    pub(crate) fn prepare(&self, batch: Batch, limits: &Limits) -> Result<Prepared, StoreError> {
+        if let Some(limit) = limits.max_ops_per_batch
+            && batch.ops.len() > limit
+        {
+            return Err(StoreError::TooLarge {
+                what: "ops per batch",
+                size: batch.ops.len(),
+                limit,
+            });
+        }
+        if let (Some(token), Some(highest)) = (batch.fencing_token, self.highest_token)
+            && token < highest
+        {
+            return Err(StoreError::Fenced { token, highest });
+        }
+        // The parent of every id the batch has touched so far; `None` = deleted.
+        let mut overlay: HashMap<ProcId, Option<Option<ProcId>>> = HashMap::new();
+        let mut changes = Vec::with_capacity(batch.ops.len());
+        for op in batch.ops {
+            let value_len = match &op {
+                Op::Put { value, .. } | Op::Finish { value, .. } | Op::PutMeta { value, .. } => {
+                    value.len()
+                }
+                Op::Delete { .. } | Op::DeleteMeta { .. } => 0,
+            };
+            if let Some(limit) = limits.max_value_bytes
+                && value_len > limit
+            {
+                return Err(StoreError::TooLarge {
+                    what: "value bytes",
+                    size: value_len,
+                    limit,
+                });
+            }
+            changes.push(match op {
+                Op::Put { id, parent, value } => {
+                    overlay.insert(id, Some(parent));
+                    Change::Put {
+                        id,
+                        parent,
+                        finished: false,
+                        value,
+                    }
+                }
+                Op::Finish { id, value } => {
+                    let parent = match overlay.get(&id) {
+                        Some(Some(parent)) => *parent,
+                        Some(None) => return Err(StoreError::UnknownProcedure(id)),
+                        None => match self.records.get(&id) {
+                            Some(record) => record.parent,
+                            None => return Err(StoreError::UnknownProcedure(id)),
+                        },
+                    };
+                    Change::Put {
+                        id,
+                        parent,
+                        finished: true,
+                        value,
+                    }
+                }
+                Op::Delete { id } => {
+                    overlay.insert(id, None);
+                    Change::Delete { id }
+                }
+                Op::PutMeta { key, value } => Change::PutMeta { key, value },
+                Op::DeleteMeta { key } => Change::DeleteMeta { key },
+            });
+        }
+        Ok(Prepared {
+            changes,
+            fencing_token: batch.fencing_token,
+        })
+    }
+
+    /// Raises the highest fencing token to `token`.
+    pub(crate) fn observe_token(&mut self, token: Option<u64>) {
+        if let Some(token) = token {
+            self.highest_token = Some(self.highest_token.map_or(token, |h| h.max(token)));
+        }
+    }
+
+    /// Applies one change.
+    pub(crate) fn apply(&mut self, change: Change) {
+        match change {
+            Change::Put {
+                id,
+                parent,
+                finished,
+                value,
+            } => {
+                self.records.insert(
+                    id,
+                    Record {
+                        id,
+                        parent,
+                        finished,
+                        value,
+                    },
+                );
+            }
+            Change::Delete { id } => {
+                self.records.remove(&id);
+            }
+            Change::PutMeta { key, value } => {
+                self.meta.insert(key, value);
+            }
+            Change::DeleteMeta { key } => {
+                self.meta.remove(&key);
+            }
+        }
+    }
+
+    #[expect(dead_code, reason = "used by the WAL")]
+    /// The current change that recreates `key`, if the key exists.
+    pub(crate) fn current(&self, key: &Key) -> Option<Change> {
+        match key {
+            Key::Proc(id) => self.records.get(id).map(|r| Change::Put {
+                id: r.id,
+                parent: r.parent,
+                finished: r.finished,
+                value: r.value.clone(),
+            }),
+            Key::Meta(key) => self.meta.get(key).map(|value| Change::PutMeta {
+                key: key.clone(),
+                value: value.clone(),
+            }),
+        }
+    }
+
+    pub(crate) fn load(&self) -> Loaded {
+        Loaded {
+            records: self.records.values().cloned().collect(),
+            meta: self.meta.clone(),
+        }
+    }
+
+    pub(crate) fn get(&self, id: ProcId) -> Option<Record> {
+        self.records.get(&id).cloned()
+    }
+
+    pub(crate) fn list(&self) -> Vec<RecordInfo> {
+        self.records
+            .values()
+            .map(|r| RecordInfo {
+                id: r.id,
+                parent: r.parent,
+                finished: r.finished,
+                value_len: r.value.len(),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state_with(batch: Batch) -> State {
+        let mut state = State::default();
+        let prepared = state.prepare(batch, &Limits::default()).unwrap();
+        state.observe_token(prepared.fencing_token);
+        for change in prepared.changes {
+            state.apply(change);
+        }
+        state
+    }
+
+    #[test]
+    fn finish_keeps_parent_and_needs_a_known_id() {
+        let state = state_with(Batch::new().put(1, Some(9), vec![1]).finish(1, vec![2]));
+        assert_eq!(
+            state.get(1),
+            Some(Record {
+                id: 1,
+                parent: Some(9),
+                finished: true,
+                value: vec![2]
+            })
+        );
+        let err = state
+            .prepare(Batch::new().finish(2, vec![]), &Limits::default())
+            .unwrap_err();
+        assert!(matches!(err, StoreError::UnknownProcedure(2)));
+        let err = state
+            .prepare(Batch::new().delete(1).finish(1, vec![]), &Limits::default())
+            .unwrap_err();
+        assert!(matches!(err, StoreError::UnknownProcedure(1)));
+    }
+
+    #[test]
+    fn fencing_rejects_lower_tokens_only() {
+        let state = state_with(Batch::new().with_fencing_token(5));
+        let limits = Limits::default();
+        assert!(
+            state
+                .prepare(Batch::new().with_fencing_token(5), &limits)
+                .is_ok()
+        );
+        assert!(state.prepare(Batch::new(), &limits).is_ok());
+        let err = state
+            .prepare(Batch::new().with_fencing_token(4), &limits)
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            StoreError::Fenced {
+                token: 4,
+                highest: 5
+            }
+        ));
+    }
+
+    #[test]
+    fn limits_are_enforced() {
+        let limits = Limits {
+            max_ops_per_batch: Some(1),
+            max_value_bytes: Some(2),
+        };
+        let state = State::default();
+        let err = state
+            .prepare(Batch::new().delete(1).delete(2), &limits)
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            StoreError::TooLarge {
+                size: 2,
+                limit: 1,
+                ..
+            }
+        ));
+        let err = state
+            .prepare(Batch::new().put_meta("k", vec![0; 3]), &limits)
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            StoreError::TooLarge {
+                size: 3,
+                limit: 2,
+                ..
+            }
+        ));
+    }
+}

@@ -1,0 +1,214 @@
+//! The storage contract: the [`Store`] trait and the types that cross it.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::error::StoreError;
+
+/// A procedure's identifier, unique within one store.
+pub type ProcId = u64;
+
+/// A boxed, sendable future, so that [`Store`] stays object safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A procedure's persisted record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The procedure's id.
+    pub id: ProcId,
+    /// The procedure that spawned this one, if any.
+    pub parent: Option<ProcId>,
+    /// `true` once [`Op::Finish`] has been committed for this procedure.
+    pub finished: bool,
+    /// Opaque bytes; procflow encodes the procedure's state with postcard.
+    pub value: Vec<u8>,
+}
+
+/// A record's metadata without its value, as returned by [`Store::list`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordInfo {
+    /// The procedure's id.
+    pub id: ProcId,
+    /// The procedure that spawned this one, if any.
+    pub parent: Option<ProcId>,
+    /// `true` once the procedure has finished.
+    pub finished: bool,
+    /// Length of the record's value in bytes.
+    pub value_len: usize,
+}
+
+/// One change inside a [`Batch`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Insert or replace a live (unfinished) procedure.
+    Put {
+        /// The procedure's id.
+        id: ProcId,
+        /// Its parent, if any.
+        parent: Option<ProcId>,
+        /// Its encoded state.
+        value: Vec<u8>,
+    },
+    /// Mark a procedure finished; `value` holds its outcome and step history. The record
+    /// is kept (with its parent) until [`Op::Delete`]. Committing a batch whose `Finish`
+    /// names an unknown id fails with [`StoreError::UnknownProcedure`].
+    Finish {
+        /// The procedure's id.
+        id: ProcId,
+        /// Its final value.
+        value: Vec<u8>,
+    },
+    /// Remove a procedure (its retention expired). A no-op if the id is unknown.
+    Delete {
+        /// The procedure's id.
+        id: ProcId,
+    },
+    /// Set a small metadata entry (id high-water mark, nonces, ...).
+    PutMeta {
+        /// The entry's key.
+        key: String,
+        /// The entry's value.
+        value: Vec<u8>,
+    },
+    /// Remove a metadata entry. A no-op if the key is unknown.
+    DeleteMeta {
+        /// The entry's key.
+        key: String,
+    },
+}
+
+/// A list of [`Op`]s applied atomically: after a crash either every op of the batch is
+/// visible or none is.
+///
+/// Ops apply in order, so a batch may `Put` a procedure and `Finish` it.
+///
+/// # Examples
+///
+/// ```
+/// use procflow_store::Batch;
+///
+/// let batch = Batch::new()
+///     .put(1, None, b"state".to_vec())
+///     .put_meta("next_id", 2u64.to_le_bytes().to_vec())
+///     .with_fencing_token(7);
+/// assert_eq!(batch.ops.len(), 2);
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// The ops, applied in order.
+    pub ops: Vec<Op>,
+    /// If set, the store rejects the batch with [`StoreError::Fenced`] when it has already
+    /// committed a higher token. The highest token survives reopening the store.
+    pub fencing_token: Option<u64>,
+}
+
+impl Batch {
+    /// An empty batch without a fencing token.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends `op`.
+    pub fn push(&mut self, op: Op) -> &mut Self {
+        self.ops.push(op);
+        self
+    }
+
+    /// Sets the fencing token.
+    #[must_use]
+    pub fn with_fencing_token(mut self, token: u64) -> Self {
+        self.fencing_token = Some(token);
+        self
+    }
+
+    /// Appends an [`Op::Put`].
+    #[must_use]
+    pub fn put(mut self, id: ProcId, parent: Option<ProcId>, value: Vec<u8>) -> Self {
+        self.ops.push(Op::Put { id, parent, value });
+        self
+    }
+
+    /// Appends an [`Op::Finish`].
+    #[must_use]
+    pub fn finish(mut self, id: ProcId, value: Vec<u8>) -> Self {
+        self.ops.push(Op::Finish { id, value });
+        self
+    }
+
+    /// Appends an [`Op::Delete`].
+    #[must_use]
+    pub fn delete(mut self, id: ProcId) -> Self {
+        self.ops.push(Op::Delete { id });
+        self
+    }
+
+    /// Appends an [`Op::PutMeta`].
+    #[must_use]
+    pub fn put_meta(mut self, key: impl Into<String>, value: Vec<u8>) -> Self {
+        self.ops.push(Op::PutMeta {
+            key: key.into(),
+            value,
+        });
+        self
+    }
+
+    /// Appends an [`Op::DeleteMeta`].
+    #[must_use]
+    pub fn delete_meta(mut self, key: impl Into<String>) -> Self {
+        self.ops.push(Op::DeleteMeta { key: key.into() });
+        self
+    }
+}
+
+/// Everything a store holds, as returned by [`Store::load`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Loaded {
+    /// Live and finished records, sorted by id.
+    pub records: Vec<Record>,
+    /// All metadata entries.
+    pub meta: BTreeMap<String, Vec<u8>>,
+}
+
+/// Size limits a store imposes on one batch; `None` means unbounded.
+///
+/// An etcd-backed store would say about 128 ops and 1.5 MiB per value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// The most ops one [`Batch`] may hold.
+    pub max_ops_per_batch: Option<usize>,
+    /// The largest value (of a record or metadata entry) in bytes.
+    pub max_value_bytes: Option<usize>,
+}
+
+/// Durable storage for procedures. Object safe: the runtime holds an `Arc<dyn Store>`.
+///
+/// Implementations: [`MemStore`](crate::MemStore) (in memory, for tests) and
+/// [`WalStore`](crate::WalStore) (an embedded write-ahead log, the default).
+pub trait Store: Send + Sync + 'static {
+    /// Applies `batch` atomically and returns once it is durable (per the store's sync
+    /// mode). Concurrent calls are allowed and share fsyncs (group commit).
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Fenced`], [`StoreError::TooLarge`], [`StoreError::UnknownProcedure`]
+    /// reject the batch without changing anything. [`StoreError::Io`] and
+    /// [`StoreError::Poisoned`] mean the batch may or may not be durable.
+    fn commit(&self, batch: Batch) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// Everything: live and finished records, and all metadata.
+    fn load(&self) -> BoxFuture<'_, Result<Loaded, StoreError>>;
+
+    /// One record, live or finished.
+    fn get(&self, id: ProcId) -> BoxFuture<'_, Result<Option<Record>, StoreError>>;
+
+    /// Every record's metadata, sorted by id.
+    fn list(&self) -> BoxFuture<'_, Result<Vec<RecordInfo>, StoreError>>;
+
+    /// The limits batches must respect.
+    fn limits(&self) -> Limits;
+
+    /// Flushes everything and stops accepting writes; later commits fail with
+    /// [`StoreError::Closed`].
+    fn close(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+}
