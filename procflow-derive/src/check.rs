@@ -1,0 +1,306 @@
+//! Rules a machine must follow to be runnable, one `check_*` function each. All run on
+//! every derive; each records its errors on the smallest offending token.
+
+use crate::ast::{Machine, State};
+use crate::ctxt::Ctxt;
+use crate::names;
+use std::collections::{BTreeSet, VecDeque};
+use syn::Ident;
+
+pub fn check(cx: &Ctxt, machine: &Machine<'_>) {
+    check_procedure_given(cx, machine);
+    check_exactly_one_initial(cx, machine);
+    check_some_terminal(cx, machine);
+    check_initial_is_not_terminal(cx, machine);
+    check_terminal_attributes(cx, machine);
+    check_steps_have_transitions(cx, machine);
+    check_targets_exist(cx, machine);
+    check_targets_unique(cx, machine);
+    check_rollback_flags_agree(cx, machine);
+    check_handler_names_unique(cx, machine);
+    // The graph checks would repeat earlier mistakes as noise (a misspelt target makes its
+    // state look unreachable), so they run only on an otherwise sound graph.
+    if graph_is_sound(machine) {
+        check_all_reachable(cx, machine);
+        check_all_can_terminate(cx, machine);
+    }
+}
+
+// `#[state_machine(procedure = ..)]` names the struct that implements the handlers.
+fn check_procedure_given(cx: &Ctxt, machine: &Machine<'_>) {
+    if machine.attrs.procedure.is_some() {
+        return;
+    }
+    let message = "missing the procedure type: add `#[state_machine(procedure = MyProcedure)]`, \
+                   naming the struct that holds the procedure's data and implements its handlers";
+    match &machine.attrs.attr {
+        Some(attr) => cx.error_at(attr, message),
+        None => cx.error_at(machine.ident, message),
+    }
+}
+
+// Exactly one state is `#[initial]`: every procedure starts there.
+fn check_exactly_one_initial(cx: &Ctxt, machine: &Machine<'_>) {
+    let initials: Vec<_> = machine
+        .states
+        .iter()
+        .filter_map(|s| s.attrs.initial.as_ref().map(|attr| (s, attr)))
+        .collect();
+    match initials.as_slice() {
+        [] if !machine.states.is_empty() => cx.error_at(
+            machine.ident,
+            "no initial state: mark the state every procedure starts in with `#[initial]`",
+        ),
+        [(first, _), rest @ ..] => {
+            for (_, attr) in rest {
+                cx.error_at(
+                    attr,
+                    format_args!(
+                        "`{}` is already `#[initial]`; a machine has exactly one initial state",
+                        first.ident
+                    ),
+                );
+            }
+        }
+        [] => {}
+    }
+}
+
+// At least one state is `#[terminal]`: reaching it ends the procedure.
+fn check_some_terminal(cx: &Ctxt, machine: &Machine<'_>) {
+    if !machine.states.is_empty() && !machine.states.iter().any(State::is_terminal) {
+        cx.error_at(
+            machine.ident,
+            "no terminal state: mark the state(s) that end a procedure successfully with \
+             `#[terminal]`",
+        );
+    }
+}
+
+// A procedure takes at least one step: its initial state cannot be terminal.
+fn check_initial_is_not_terminal(cx: &Ctxt, machine: &Machine<'_>) {
+    for state in &machine.states {
+        if let (Some(_), Some(terminal)) = (&state.attrs.initial, &state.attrs.terminal) {
+            cx.error_at(
+                terminal,
+                "the initial state cannot be terminal: a procedure must take at least one step; \
+                 add a separate `#[terminal]` state",
+            );
+        }
+    }
+}
+
+// A terminal state has no handler, so it takes no transitions, rollback or loop bound.
+fn check_terminal_attributes(cx: &Ctxt, machine: &Machine<'_>) {
+    for state in machine.states.iter().filter(|s| s.is_terminal()) {
+        let attrs = &state.attrs;
+        if let Some(transition) = &attrs.transition {
+            cx.error_at(
+                &transition.attr,
+                "a `#[terminal]` state ends the procedure: remove `#[transition(..)]`, or remove \
+                 `#[terminal]` if the procedure goes on from here",
+            );
+        }
+        if let Some(rollback) = &attrs.rollback {
+            cx.error_at(
+                rollback,
+                "a `#[terminal]` state runs no step, so there is nothing to undo: remove \
+                 `#[rollback]`",
+            );
+        }
+        if let Some(no_rollback) = &attrs.no_rollback {
+            cx.error_at(
+                no_rollback,
+                "a `#[terminal]` state ends the procedure, so it cannot be a point of no return: \
+                 put `#[no_rollback]` on the state that commits",
+            );
+        }
+        if let Some((attr, _)) = &attrs.max_repeats {
+            cx.error_at(
+                attr,
+                "a `#[terminal]` state is entered once and ends the procedure: remove \
+                 `#[max_repeats]`",
+            );
+        }
+    }
+}
+
+// Every state that runs a step says where it may go next.
+fn check_steps_have_transitions(cx: &Ctxt, machine: &Machine<'_>) {
+    for state in machine.steps() {
+        if state.attrs.transition.is_none() {
+            cx.error_at(
+                state.ident,
+                format_args!(
+                    "`{}` has no transitions: add `#[transition(to = [..])]` with the states it \
+                     may move to, or mark it `#[terminal]`",
+                    state.ident
+                ),
+            );
+        }
+    }
+}
+
+// Every target names a variant of the enum.
+fn check_targets_exist(cx: &Ctxt, machine: &Machine<'_>) {
+    let names: Vec<String> = machine.states.iter().map(|s| s.ident.to_string()).collect();
+    for target in machine.states.iter().flat_map(State::targets) {
+        if machine.state(target).is_some() {
+            continue;
+        }
+        let hint = match names::did_you_mean(&target.to_string(), names.iter().map(String::as_str))
+        {
+            Some(close) => format!("did you mean `{close}`?"),
+            None => format!("the states are: {}", names.join(", ")),
+        };
+        cx.error_at(
+            target,
+            format_args!("`{target}` is not a state of `{}`; {hint}", machine.ident),
+        );
+    }
+}
+
+// A transition lists each target once.
+fn check_targets_unique(cx: &Ctxt, machine: &Machine<'_>) {
+    for state in &machine.states {
+        let mut seen = BTreeSet::new();
+        for target in state.targets() {
+            if !seen.insert(target.to_string()) {
+                cx.error_at(
+                    target,
+                    format_args!("`{target}` is listed twice in this transition: remove one"),
+                );
+            }
+        }
+    }
+}
+
+// A state is either undoable (`#[rollback]`) or a point of no return, not both.
+fn check_rollback_flags_agree(cx: &Ctxt, machine: &Machine<'_>) {
+    for state in &machine.states {
+        if let (Some(_), Some(no_rollback)) = (&state.attrs.rollback, &state.attrs.no_rollback) {
+            cx.error_at(
+                no_rollback,
+                "`#[rollback]` and `#[no_rollback]` contradict each other: keep `#[rollback]` if \
+                 the step can be undone, `#[no_rollback]` if reaching it commits the procedure",
+            );
+        }
+    }
+}
+
+// Generated handler names do not collide (`RollbackFoo` vs the rollback of `Foo`).
+fn check_handler_names_unique(cx: &Ctxt, machine: &Machine<'_>) {
+    let mut seen: Vec<(String, &Ident)> = Vec::new();
+    for state in machine.steps() {
+        let mut methods = vec![names::execute_method(state.ident)];
+        if state.attrs.rollback.is_some() {
+            methods.push(names::rollback_method(state.ident));
+        }
+        for method in methods {
+            let method = method.to_string();
+            if let Some((_, owner)) = seen.iter().find(|(name, _)| *name == method) {
+                cx.error_at(
+                    state.ident,
+                    format_args!(
+                        "the handler `{method}` of `{}` has the same name as a handler of \
+                         `{owner}`: rename one of the two states",
+                        state.ident
+                    ),
+                );
+            } else {
+                seen.push((method, state.ident));
+            }
+        }
+    }
+}
+
+fn graph_is_sound(machine: &Machine<'_>) -> bool {
+    let one_initial = machine
+        .states
+        .iter()
+        .filter(|s| s.attrs.initial.is_some())
+        .count()
+        == 1;
+    let targets_complete = machine.states.iter().all(|s| {
+        s.attrs.transition.as_ref().is_none_or(|t| t.complete)
+            && s.targets().iter().all(|t| machine.state(t).is_some())
+    });
+    one_initial && targets_complete && machine.states.iter().any(State::is_terminal)
+}
+
+// Every state can be reached from the initial state.
+fn check_all_reachable(cx: &Ctxt, machine: &Machine<'_>) {
+    let initial = machine
+        .states
+        .iter()
+        .position(|s| s.attrs.initial.is_some());
+    let reached = closure(machine, initial.into_iter().collect(), |from, to| {
+        (from, to)
+    });
+    let initial_name = initial.map(|i| machine.states[i].ident);
+    for (i, state) in machine.states.iter().enumerate() {
+        if !reached.contains(&i) {
+            cx.error_at(
+                state.ident,
+                format_args!(
+                    "`{}` cannot be reached from the initial state `{}`: list it in a \
+                     `#[transition(to = [..])]`, or remove it",
+                    state.ident,
+                    initial_name.map(ToString::to_string).unwrap_or_default()
+                ),
+            );
+        }
+    }
+}
+
+// From every state some terminal state can be reached: a loop must have an exit.
+fn check_all_can_terminate(cx: &Ctxt, machine: &Machine<'_>) {
+    let terminals = (0..machine.states.len())
+        .filter(|&i| machine.states[i].is_terminal())
+        .collect();
+    // Walk the edges backwards from the terminal states.
+    let finishing = closure(machine, terminals, |from, to| (to, from));
+    for (i, state) in machine.states.iter().enumerate() {
+        if !finishing.contains(&i) {
+            cx.error_at(
+                state.ident,
+                format_args!(
+                    "no terminal state can be reached from `{}`: it loops without an exit; add a \
+                     transition towards a `#[terminal]` state",
+                    state.ident
+                ),
+            );
+        }
+    }
+}
+
+/// The states reachable from `start` along the edges, each edge `(from, to)` oriented by
+/// `orient` (identity for forward, swapped for backward).
+fn closure(
+    machine: &Machine<'_>,
+    start: Vec<usize>,
+    orient: impl Fn(usize, usize) -> (usize, usize),
+) -> BTreeSet<usize> {
+    let index = |ident: &Ident| machine.states.iter().position(|s| s.ident == ident);
+    let edges: Vec<(usize, usize)> = machine
+        .states
+        .iter()
+        .enumerate()
+        .flat_map(|(from, s)| {
+            s.targets()
+                .iter()
+                .filter_map(move |t| Some((from, index(t)?)))
+        })
+        .map(|(from, to)| orient(from, to))
+        .collect();
+    let mut seen: BTreeSet<usize> = start.iter().copied().collect();
+    let mut queue: VecDeque<usize> = start.into();
+    while let Some(at) = queue.pop_front() {
+        for &(_, to) in edges.iter().filter(|(from, _)| *from == at) {
+            if seen.insert(to) {
+                queue.push_back(to);
+            }
+        }
+    }
+    seen
+}

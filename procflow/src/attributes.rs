@@ -1,0 +1,167 @@
+//! The attributes of `#[derive(StateMachine)]`, each with an example.
+//!
+//! The derive goes on a fieldless, non-generic enum whose variants are the states. It
+//! generates, next to the enum `FooState`:
+//!
+//! - `trait FooStateHandlers`: one `async fn snake_case_state(&mut self, ctx)` per
+//!   non-terminal state and one `async fn rollback_snake_case_state` per `#[rollback]`
+//!   state, to implement on the procedure type. A missing method is rustc's "not all
+//!   trait items implemented" on your `impl`.
+//! - `mod foo_state`: one enum per non-terminal state, holding exactly the states its
+//!   `#[transition]` declares. The handler of state `A` returns
+//!   [`Step<foo_state::A>`](crate::Step); any other target does not compile.
+//! - `impl StateMachine for FooState`: metadata consts and the dispatch the runtime calls.
+//!
+//! # On the enum: `#[state_machine(..)]`
+//!
+//! | key | required | meaning |
+//! |---|---|---|
+//! | `procedure = Type` | yes | the struct holding the procedure's data (`Serialize + Deserialize + Send`), which implements the handlers |
+//! | `name = "text"` | no | the stable type name written to the store; default: the procedure type's name. Changing it orphans stored procedures |
+//! | `env = Type` | no | the environment handlers receive through [`Context::env`](crate::Context::env); default `()` |
+//! | `max_repeats = N` | no | how often any state may be re-entered before the step fails with [`Error::StepCycle`](crate::Error::StepCycle); default [`DEFAULT_MAX_REPEATS`](crate::DEFAULT_MAX_REPEATS) |
+//!
+//! ```
+//! use procflow::prelude::*;
+//!
+//! struct Catalog { tables: std::sync::Mutex<Vec<String>> }
+//!
+//! #[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+//! #[state_machine(procedure = DropTable, name = "drop_table", env = Catalog, max_repeats = 10)]
+//! enum DropTableState {
+//!     #[initial] #[transition(to = [Dropped])] Drop,
+//!     #[terminal] Dropped,
+//! }
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct DropTable { table: String }
+//!
+//! impl DropTableStateHandlers for DropTable {
+//!     async fn drop(&mut self, ctx: &Context<Catalog>) -> Step<drop_table_state::Drop> {
+//!         ctx.env().tables.lock().unwrap().retain(|t| *t != self.table);
+//!         Ok(drop_table_state::Drop::Dropped.into())
+//!     }
+//! }
+//!
+//! assert_eq!(DropTableState::NAME, "drop_table");
+//! assert_eq!(DropTableState::Drop.max_repeats(), 10);
+//! ```
+//!
+//! # On a variant
+//!
+//! ## `#[initial]`
+//!
+//! The state every procedure starts in; exactly one, and it cannot be terminal.
+//!
+//! ## `#[terminal]`
+//!
+//! Reaching it ends the procedure successfully. At least one; a terminal state has no
+//! handler, no `#[transition]`, no `#[rollback]`.
+//!
+//! ## `#[transition(to = [A, B])]`
+//!
+//! The states this state's step may move to. Every non-terminal state has one; each
+//! target must be a variant, listed once. Every state must be reachable from the initial
+//! state, and from every state a terminal state must be reachable: a loop needs an exit.
+//!
+//! ```
+//! use procflow::prelude::*;
+//!
+//! #[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+//! #[state_machine(procedure = Poll)]
+//! enum PollState {
+//!     #[initial] #[transition(to = [Check])] Start,
+//!     // A loop is fine as long as it has an exit.
+//!     #[transition(to = [Check, Ready])] Check,
+//!     #[terminal] Ready,
+//! }
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct Poll { tries: u32 }
+//!
+//! impl PollStateHandlers for Poll {
+//!     async fn start(&mut self, _: &Context<()>) -> Step<poll_state::Start> {
+//!         Ok(poll_state::Start::Check.into())
+//!     }
+//!     async fn check(&mut self, _: &Context<()>) -> Step<poll_state::Check> {
+//!         self.tries += 1;
+//!         // `poll_state::Check::Start` would not compile: `Check` cannot go back to `Start`.
+//!         Ok(if self.tries < 3 { poll_state::Check::Check } else { poll_state::Check::Ready }.into())
+//!     }
+//! }
+//! # assert_eq!(PollState::EDGES.len(), 3);
+//! ```
+//!
+//! ## `#[rollback]`
+//!
+//! The state has an undo handler, `rollback_<state>`. When a later step fails, the
+//! completed `#[rollback]` states are undone newest first. (The state whose step failed
+//! is not undone: a failing step must leave nothing behind, or clean up before it returns
+//! its error.)
+//!
+//! ## `#[no_rollback]`
+//!
+//! A point of no return: once the procedure enters this state, failures are retried with
+//! backoff instead of rolled back. Cannot be combined with `#[rollback]`.
+//!
+//! ```
+//! use procflow::prelude::*;
+//!
+//! #[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+//! #[state_machine(procedure = Transfer)]
+//! enum TransferState {
+//!     #[initial] #[transition(to = [Credit])] #[rollback] Debit,
+//!     #[transition(to = [Done])] #[no_rollback] Credit,
+//!     #[terminal] Done,
+//! }
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct Transfer { cents: u64 }
+//!
+//! impl TransferStateHandlers for Transfer {
+//!     async fn debit(&mut self, _: &Context<()>) -> Step<transfer_state::Debit> {
+//!         Ok(transfer_state::Debit::Credit.into())
+//!     }
+//!     async fn rollback_debit(&mut self, _: &Context<()>) -> Result<(), Error> {
+//!         Ok(()) // refund
+//!     }
+//!     async fn credit(&mut self, _: &Context<()>) -> Step<transfer_state::Credit> {
+//!         Ok(transfer_state::Credit::Done.into())
+//!     }
+//! }
+//! assert!(TransferState::Debit.has_rollback());
+//! assert!(TransferState::Credit.is_point_of_no_return());
+//! ```
+//!
+//! ## `#[max_repeats = N]`
+//!
+//! How often this state may be re-entered (entries after the first) before the step
+//! that moves into it fails with [`Error::StepCycle`](crate::Error::StepCycle), which
+//! rolls the procedure back. Overrides the enum's `max_repeats`.
+//!
+//! ```
+//! use procflow::prelude::*;
+//! use procflow::{Phase, Stepper};
+//!
+//! #[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+//! #[state_machine(procedure = Spin)]
+//! enum SpinState {
+//!     #[initial] #[transition(to = [Spin, Done])] #[max_repeats = 3] Spin,
+//!     #[terminal] Done,
+//! }
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct Spin;
+//!
+//! impl SpinStateHandlers for Spin {
+//!     async fn spin(&mut self, _: &Context<()>) -> Step<spin_state::Spin> {
+//!         Ok(spin_state::Spin::Spin.into()) // never makes progress
+//!     }
+//! }
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let mut run = Stepper::<SpinState>::new(Spin, ());
+//! let Phase::RolledBack { cause } = run.run().await else { panic!() };
+//! assert_eq!(cause, &Error::StepCycle { state: "Spin".into(), repeats: 4, max: 3 });
+//! # });
+//! ```

@@ -1,0 +1,136 @@
+//! The persisted form of a procedure: a small header naming its machine, then its data.
+//!
+//! ```text
+//! +---------+-------------------+------------------+----------------------------+
+//! | version | machine name      | cursor           | procedure data             |
+//! | u8 = 1  | postcard string   | postcard Cursor  | postcard, to the end       |
+//! +---------+-------------------+------------------+----------------------------+
+//! ```
+//!
+//! The machine name comes first so a registry can read it ([`machine_name`]) without
+//! knowing the machine's types. docs/FORMAT.md describes every field.
+
+use crate::{Cursor, StateMachine};
+use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+
+/// The version byte that starts every snapshot.
+pub const SNAPSHOT_VERSION: u8 = 1;
+
+/// Why a snapshot could not be written or read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CodecError {
+    /// Serializing the procedure data failed.
+    #[error("cannot serialize procedure of machine `{machine}`: {source}")]
+    Encode {
+        /// The machine's stable name.
+        machine: &'static str,
+        /// postcard's error.
+        source: postcard::Error,
+    },
+    /// The bytes are not a snapshot this version of procflow can read.
+    #[error(
+        "snapshot version {found} is not supported (this procflow reads version {SNAPSHOT_VERSION})"
+    )]
+    UnsupportedVersion {
+        /// The version byte found.
+        found: u8,
+    },
+    /// The snapshot belongs to another machine.
+    #[error("snapshot is of machine `{found}`, not `{expected}`")]
+    WrongMachine {
+        /// The machine asked for.
+        expected: &'static str,
+        /// The machine named in the snapshot.
+        found: String,
+    },
+    /// The bytes are damaged, or the data no longer matches the procedure type.
+    #[error("cannot read snapshot of machine `{machine}`: {source}")]
+    Decode {
+        /// The machine's stable name, or `?` when not even the header could be read.
+        machine: String,
+        /// postcard's error (a state name that is no longer a variant shows up here).
+        source: postcard::Error,
+    },
+}
+
+#[derive(Serialize)]
+#[serde(bound = "")]
+struct Header<'a, M: StateMachine> {
+    version: u8,
+    machine: &'a str,
+    cursor: &'a Cursor<M>,
+}
+
+#[derive(Deserialize)]
+struct NameOnly<'a> {
+    version: u8,
+    #[serde(borrow)]
+    machine: Cow<'a, str>,
+}
+
+/// Writes the snapshot of a procedure of machine `M`.
+///
+/// # Errors
+///
+/// [`CodecError::Encode`] if the procedure data cannot be serialized.
+pub fn encode<M: StateMachine>(
+    procedure: &M::Procedure,
+    cursor: &Cursor<M>,
+) -> Result<Vec<u8>, CodecError> {
+    let error = |source| CodecError::Encode {
+        machine: M::NAME,
+        source,
+    };
+    let header = Header {
+        version: SNAPSHOT_VERSION,
+        machine: M::NAME,
+        cursor,
+    };
+    // One buffer: the data follows the header without a length prefix of its own.
+    let bytes = postcard::to_extend(&header, Vec::with_capacity(64)).map_err(error)?;
+    postcard::to_extend(procedure, bytes).map_err(error)
+}
+
+/// Reads a snapshot of machine `M`.
+///
+/// # Errors
+///
+/// [`CodecError`] if the bytes are not a snapshot of `M` this version can read.
+pub fn decode<M: StateMachine>(bytes: &[u8]) -> Result<(M::Procedure, Cursor<M>), CodecError> {
+    let found = machine_name(bytes)?;
+    if found != M::NAME {
+        return Err(CodecError::WrongMachine {
+            expected: M::NAME,
+            found: found.into_owned(),
+        });
+    }
+    let error = |source| CodecError::Decode {
+        machine: M::NAME.to_owned(),
+        source,
+    };
+    let (_, rest) = postcard::take_from_bytes::<NameOnly<'_>>(bytes).map_err(error)?;
+    let (cursor, rest) = postcard::take_from_bytes::<Cursor<M>>(rest).map_err(error)?;
+    let procedure = postcard::from_bytes(rest).map_err(error)?;
+    Ok((procedure, cursor))
+}
+
+/// The stable machine name a snapshot starts with.
+///
+/// # Errors
+///
+/// [`CodecError`] if the header cannot be read.
+pub fn machine_name(bytes: &[u8]) -> Result<Cow<'_, str>, CodecError> {
+    let (header, _) =
+        postcard::take_from_bytes::<NameOnly<'_>>(bytes).map_err(|source| CodecError::Decode {
+            machine: "?".to_owned(),
+            source,
+        })?;
+    if header.version != SNAPSHOT_VERSION {
+        return Err(CodecError::UnsupportedVersion {
+            found: header.version,
+        });
+    }
+    Ok(header.machine)
+}

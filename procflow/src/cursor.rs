@@ -1,0 +1,287 @@
+//! Where one procedure stands in its machine: the part of its record the runtime owns.
+//!
+//! States are persisted by *name*, never by variant index, so reordering the variants of
+//! a machine, or adding new ones, keeps every stored procedure readable.
+
+use crate::{Error, StateMachine};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::borrow::Cow;
+
+/// The life of a procedure, as persisted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Phase {
+    /// Executing steps forward.
+    Running,
+    /// Undoing completed steps, newest first, after `cause`.
+    RollingBack {
+        /// The failure that started the rollback; reported when it ends.
+        cause: Error,
+    },
+    /// Reached a terminal state.
+    Succeeded,
+    /// Every completed `#[rollback]` state was undone after `cause`.
+    RolledBack {
+        /// The original failure.
+        cause: Error,
+    },
+    /// Ended without completing and without a full rollback (a failure past a point of no
+    /// return once the retry budget was spent, or a rollback that kept failing).
+    Failed {
+        /// The original failure.
+        cause: Error,
+    },
+}
+
+impl Phase {
+    /// Whether the procedure has ended.
+    #[must_use]
+    pub fn is_finished(&self) -> bool {
+        matches!(
+            self,
+            Self::Succeeded | Self::RolledBack { .. } | Self::Failed { .. }
+        )
+    }
+}
+
+/// The position of a procedure in machine `M`, persisted after every step.
+///
+/// It holds the current state, the number of steps done, the *rollback stack* (each
+/// completed state once, in the order it first completed) and how often each state was
+/// entered, which bounds loops at run time (`max_repeats`).
+///
+/// # Examples
+///
+/// ```
+/// # use procflow::prelude::*;
+/// # use procflow::{Cursor, Phase};
+/// # #[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+/// # #[state_machine(procedure = Job)]
+/// # enum JobState {
+/// #     #[initial] #[transition(to = [Work])] #[rollback] Start,
+/// #     #[transition(to = [Done])] Work,
+/// #     #[terminal] Done,
+/// # }
+/// # #[derive(serde::Serialize, serde::Deserialize)] struct Job;
+/// # impl JobStateHandlers for Job {
+/// #     async fn start(&mut self, _: &Context<()>) -> Step<job_state::Start> { Ok(job_state::Start::Work.into()) }
+/// #     async fn work(&mut self, _: &Context<()>) -> Step<job_state::Work> { Ok(job_state::Work::Done.into()) }
+/// #     async fn rollback_start(&mut self, _: &Context<()>) -> Result<(), Error> { Ok(()) }
+/// # }
+/// let mut cursor = Cursor::<JobState>::new();
+/// cursor.advance(JobState::Work)?;
+/// cursor.start_rollback(Error::fatal("disk full"));
+/// // Only states with a rollback handler are undone; `Work` failed, `Start` completed.
+/// assert_eq!(cursor.pending_rollback(), Some(JobState::Start));
+/// cursor.rolled_back();
+/// assert!(matches!(cursor.phase(), Phase::RolledBack { .. }));
+/// # Ok::<(), Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cursor<M> {
+    state: M,
+    steps: u64,
+    completed: Vec<M>,
+    entries: Vec<(M, u32)>,
+    phase: Phase,
+}
+
+impl<M: StateMachine> Default for Cursor<M> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<M: StateMachine> Cursor<M> {
+    /// A procedure about to run its initial state.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            state: M::INITIAL,
+            steps: 0,
+            completed: Vec::new(),
+            entries: vec![(M::INITIAL, 1)],
+            phase: Phase::Running,
+        }
+    }
+
+    /// The current state: the next one to execute while running.
+    #[must_use]
+    pub fn state(&self) -> M {
+        self.state
+    }
+
+    /// How many steps completed (forward and rollback).
+    #[must_use]
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// The life phase.
+    #[must_use]
+    pub fn phase(&self) -> &Phase {
+        &self.phase
+    }
+
+    /// Completed states, each once, in the order they first completed.
+    #[must_use]
+    pub fn completed(&self) -> &[M] {
+        &self.completed
+    }
+
+    /// How often `state` was entered so far.
+    #[must_use]
+    pub fn entries(&self, state: M) -> u32 {
+        self.entries
+            .iter()
+            .find(|(s, _)| *s == state)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    /// Whether a point of no return (`#[no_rollback]`) was entered: failures from here on
+    /// are retried rather than rolled back.
+    #[must_use]
+    pub fn past_point_of_no_return(&self) -> bool {
+        self.state.is_point_of_no_return()
+            || self.completed.iter().any(|s| s.is_point_of_no_return())
+    }
+
+    /// Records that the current state's step completed and moves to `next`.
+    ///
+    /// Reaching a terminal state ends the procedure ([`Phase::Succeeded`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StepCycle`] if `next` would be re-entered more often than its
+    /// `max_repeats`; the current step still counts as completed (its effects happened
+    /// and will be rolled back), the state does not move.
+    pub fn advance(&mut self, next: M) -> Result<(), Error> {
+        self.complete_current();
+        let entries = self.entries(next) + 1;
+        let repeats = entries - 1;
+        if repeats > next.max_repeats() {
+            return Err(Error::StepCycle {
+                state: next.name().to_owned(),
+                repeats,
+                max: next.max_repeats(),
+            });
+        }
+        match self.entries.iter_mut().find(|(s, _)| *s == next) {
+            Some(slot) => slot.1 = entries,
+            None => self.entries.push((next, entries)),
+        }
+        self.state = next;
+        if next.is_terminal() {
+            self.phase = Phase::Succeeded;
+        }
+        Ok(())
+    }
+
+    /// Starts rolling back after `cause`. With nothing to undo the procedure is rolled
+    /// back at once.
+    pub fn start_rollback(&mut self, cause: Error) {
+        self.phase = Phase::RollingBack { cause };
+        self.settle_rollback();
+    }
+
+    /// The next state to undo while rolling back: the newest completed state with a
+    /// rollback handler.
+    #[must_use]
+    pub fn pending_rollback(&self) -> Option<M> {
+        if !matches!(self.phase, Phase::RollingBack { .. }) {
+            return None;
+        }
+        self.completed
+            .iter()
+            .rev()
+            .copied()
+            .find(|s| s.has_rollback())
+    }
+
+    /// Records that [`pending_rollback`](Self::pending_rollback) was undone.
+    pub fn rolled_back(&mut self) {
+        if let Some(at) = self.completed.iter().rposition(|s| s.has_rollback()) {
+            self.completed.truncate(at);
+            self.steps += 1;
+        }
+        self.settle_rollback();
+    }
+
+    /// Ends the procedure as failed, keeping `cause`.
+    pub fn fail(&mut self, cause: Error) {
+        self.phase = Phase::Failed { cause };
+    }
+
+    fn complete_current(&mut self) {
+        if !self.completed.contains(&self.state) {
+            self.completed.push(self.state);
+        }
+        self.steps += 1;
+    }
+
+    fn settle_rollback(&mut self) {
+        if self.pending_rollback().is_none() {
+            if let Phase::RollingBack { cause } = &self.phase {
+                self.phase = Phase::RolledBack {
+                    cause: cause.clone(),
+                };
+            }
+        }
+    }
+}
+
+/// The persisted form: the same fields with states as names.
+#[derive(Serialize, Deserialize)]
+struct Repr<'a> {
+    #[serde(borrow)]
+    state: Cow<'a, str>,
+    steps: u64,
+    #[serde(borrow)]
+    completed: Vec<Cow<'a, str>>,
+    #[serde(borrow)]
+    entries: Vec<(Cow<'a, str>, u32)>,
+    phase: Phase,
+}
+
+impl<M: StateMachine> Serialize for Cursor<M> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let name = |s: &M| Cow::Borrowed(s.name());
+        Repr {
+            state: name(&self.state),
+            steps: self.steps,
+            completed: self.completed.iter().map(name).collect(),
+            entries: self.entries.iter().map(|(s, n)| (name(s), *n)).collect(),
+            phase: self.phase.clone(),
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de, M: StateMachine> Deserialize<'de> for Cursor<M> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let repr = Repr::deserialize(deserializer)?;
+        let state = |name: &str| {
+            M::from_name(name).ok_or_else(|| {
+                D::Error::custom(format_args!(
+                    "`{name}` is not a state of machine `{}` (was the variant renamed or removed?)",
+                    M::NAME
+                ))
+            })
+        };
+        Ok(Self {
+            state: state(&repr.state)?,
+            steps: repr.steps,
+            completed: repr
+                .completed
+                .iter()
+                .map(|n| state(n))
+                .collect::<Result<_, _>>()?,
+            entries: repr
+                .entries
+                .iter()
+                .map(|(n, count)| Ok((state(n)?, *count)))
+                .collect::<Result<_, D::Error>>()?,
+            phase: repr.phase,
+        })
+    }
+}

@@ -1,0 +1,33 @@
+//! Procedure identifiers.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The identifier of one procedure.
+///
+/// Ids are handed out by the executor; they are monotonic and never reused, also
+/// across restarts. The in-memory [`Stepper`](crate::Stepper) uses
+/// [`ProcedureId::new`] with any value the caller picks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ProcedureId(u64);
+
+impl ProcedureId {
+    /// Wraps a raw id.
+    #[must_use]
+    pub const fn new(raw: u64) -> Self {
+        Self(raw)
+    }
+
+    /// The raw id, as the store keys it.
+    #[must_use]
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for ProcedureId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "#{}", self.0)
+    }
+}

@@ -1,0 +1,160 @@
+//! The trait `#[derive(StateMachine)]` implements, and the metadata it generates.
+
+use crate::{Context, Error, Flow};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::fmt::Debug;
+use std::future::Future;
+
+/// The bound on re-entries of one state when neither the state nor the machine sets
+/// `max_repeats`.
+pub const DEFAULT_MAX_REPEATS: u32 = 1_000;
+
+/// What the derive knows about one state, as a `const`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateInfo {
+    /// The variant's name; also the state's persisted form.
+    pub name: &'static str,
+    /// `#[initial]`: where every procedure of this machine starts.
+    pub initial: bool,
+    /// `#[terminal]`: reaching it ends the procedure successfully.
+    pub terminal: bool,
+    /// `#[rollback]`: the state has an undo handler.
+    pub rollback: bool,
+    /// `#[no_rollback]`: a point of no return; once entered, failures are retried
+    /// instead of rolled back.
+    pub no_rollback: bool,
+    /// How often the state may be re-entered before the step fails with
+    /// [`Error::StepCycle`].
+    pub max_repeats: u32,
+    /// The names of the states `#[transition(to = [..])]` declares, in order.
+    pub targets: &'static [&'static str],
+}
+
+/// A state machine whose procedures procflow can run, persist and roll back.
+///
+/// Do not implement it by hand: `#[derive(StateMachine)]` generates the implementation
+/// together with the handler trait and the typed targets, and checks the machine at
+/// compile time. See the [crate docs](crate) for the attributes.
+///
+/// The metadata consts describe the machine for tools (and for the runtime):
+///
+/// ```
+/// # use procflow::prelude::*;
+/// # #[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+/// # #[state_machine(procedure = Job)]
+/// # enum JobState {
+/// #     #[initial] #[transition(to = [Done])] Start,
+/// #     #[terminal] Done,
+/// # }
+/// # #[derive(serde::Serialize, serde::Deserialize)]
+/// # struct Job;
+/// # impl JobStateHandlers for Job {
+/// #     async fn start(&mut self, _: &Context<()>) -> Step<job_state::Start> {
+/// #         Ok(job_state::Start::Done.into())
+/// #     }
+/// # }
+/// assert_eq!(JobState::NAME, "Job");
+/// assert_eq!(JobState::INITIAL, JobState::Start);
+/// assert_eq!(JobState::EDGES, &[(JobState::Start, JobState::Done)]);
+/// assert_eq!(JobState::from_name("Done"), Some(JobState::Done));
+/// assert!(JobState::Done.is_terminal());
+/// ```
+pub trait StateMachine: Copy + Eq + Debug + Send + Sync + 'static {
+    /// The procedure's data: persisted after every step, handed to every handler.
+    type Procedure: Serialize + DeserializeOwned + Send + 'static;
+    /// The environment shared by all procedures of an executor (`()` by default).
+    type Env: Send + Sync + 'static;
+
+    /// The stable type name written to the store (`name = ".."`, default: the procedure
+    /// type's name). Changing it orphans procedures already stored.
+    const NAME: &'static str;
+    /// The `#[initial]` state.
+    const INITIAL: Self;
+    /// Every state, in declaration order.
+    const STATES: &'static [Self];
+    /// The metadata of every state, parallel to [`STATES`](Self::STATES).
+    const INFO: &'static [StateInfo];
+    /// The `#[terminal]` states.
+    const TERMINALS: &'static [Self];
+    /// Every declared transition, `(from, to)`.
+    const EDGES: &'static [(Self, Self)];
+
+    /// The position of `self` in [`STATES`](Self::STATES).
+    fn index(self) -> usize;
+
+    /// Runs the execute handler of state `self`.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the handler returns; [`Error::Fatal`] for a terminal state, which has no
+    /// handler.
+    fn execute_from_state<'a>(
+        self,
+        procedure: &'a mut Self::Procedure,
+        ctx: &'a Context<Self::Env>,
+    ) -> impl Future<Output = Result<Flow<Self>, Error>> + Send + 'a;
+
+    /// Runs the rollback handler of state `self`; `Ok(())` at once for a state without
+    /// `#[rollback]`.
+    ///
+    /// # Errors
+    ///
+    /// Whatever the handler returns.
+    fn rollback_state<'a>(
+        self,
+        procedure: &'a mut Self::Procedure,
+        ctx: &'a Context<Self::Env>,
+    ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
+
+    /// The metadata of `self`.
+    #[must_use]
+    fn info(self) -> &'static StateInfo {
+        &Self::INFO[self.index()]
+    }
+
+    /// The variant's name, which is also its persisted form.
+    #[must_use]
+    fn name(self) -> &'static str {
+        self.info().name
+    }
+
+    /// The state called `name`, if the machine has one.
+    #[must_use]
+    fn from_name(name: &str) -> Option<Self> {
+        Self::STATES
+            .iter()
+            .copied()
+            .find(|state| state.name() == name)
+    }
+
+    /// Whether reaching `self` ends the procedure successfully.
+    #[must_use]
+    fn is_terminal(self) -> bool {
+        self.info().terminal
+    }
+
+    /// Whether `self` has a rollback handler.
+    #[must_use]
+    fn has_rollback(self) -> bool {
+        self.info().rollback
+    }
+
+    /// Whether `self` is a point of no return (`#[no_rollback]`).
+    #[must_use]
+    fn is_point_of_no_return(self) -> bool {
+        self.info().no_rollback
+    }
+
+    /// How often `self` may be re-entered.
+    #[must_use]
+    fn max_repeats(self) -> u32 {
+        self.info().max_repeats
+    }
+
+    /// A Mermaid `stateDiagram-v2` of the machine (see [`mermaid`](crate::mermaid)).
+    #[must_use]
+    fn mermaid() -> String {
+        crate::diagram::mermaid::<Self>()
+    }
+}

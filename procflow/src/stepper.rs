@@ -1,0 +1,221 @@
+//! A tiny in-memory driver: runs one procedure step by step, with no store and no
+//! executor. For unit tests of handlers and for exploring a machine.
+
+use crate::{Child, Context, Cursor, Error, Flow, Phase, ProcedureId, StateMachine};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What one call to [`Stepper::step`] did.
+#[derive(Debug)]
+pub enum StepReport<M> {
+    /// The step completed and the procedure moved from `from` to `to`.
+    Moved {
+        /// The state whose handler ran.
+        from: M,
+        /// The new current state.
+        to: M,
+    },
+    /// The step asked for children. The stepper does not run them: they are handed
+    /// back, and the procedure moved on to `to` as if they had all succeeded.
+    Spawned {
+        /// The children the step asked for.
+        children: Vec<Child>,
+        /// The new current state.
+        to: M,
+    },
+    /// The step suspended on an event; the next `step` runs the same state again.
+    Suspended {
+        /// The event's name.
+        event: String,
+        /// The timeout the step asked for.
+        timeout: Option<Duration>,
+    },
+    /// The step yielded; the next `step` runs the same state again.
+    Yielded,
+    /// The step (or rollback step) failed with an error the runtime would retry; the
+    /// next `step` runs it again.
+    RetryLater(Error),
+    /// A failure started the rollback (the next steps undo completed states).
+    RollbackStarted(Error),
+    /// The rollback handler of this state ran.
+    RolledBack(M),
+    /// The procedure has ended; see [`Stepper::cursor`] for how.
+    Finished,
+}
+
+/// Runs one procedure of machine `M` in memory, one step per call.
+///
+/// Failures follow the runtime's rules, minus the timing: a retryable error (or any
+/// error past a point of no return) is reported as [`StepReport::RetryLater`] and the
+/// same step runs at the next call; a fatal error starts the rollback.
+/// [`run`](Self::run) retries each step at most `retries` times in a row (no backoff)
+/// before it treats the error as fatal.
+///
+/// # Examples
+///
+/// ```
+/// use procflow::prelude::*;
+/// use procflow::{Phase, Stepper};
+///
+/// #[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+/// #[state_machine(procedure = Counter)]
+/// enum CounterState {
+///     #[initial] #[transition(to = [Add, Done])] Start,
+///     #[transition(to = [Add, Done])] #[max_repeats = 5] Add,
+///     #[terminal] Done,
+/// }
+///
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct Counter { value: u32 }
+///
+/// impl CounterStateHandlers for Counter {
+///     async fn start(&mut self, _: &Context<()>) -> Step<counter_state::Start> {
+///         Ok(counter_state::Start::Add.into())
+///     }
+///     async fn add(&mut self, _: &Context<()>) -> Step<counter_state::Add> {
+///         self.value += 1;
+///         Ok(if self.value < 3 { counter_state::Add::Add } else { counter_state::Add::Done }.into())
+///     }
+/// }
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let mut stepper = Stepper::<CounterState>::new(Counter { value: 0 }, ());
+/// assert_eq!(stepper.run().await, &Phase::Succeeded);
+/// assert_eq!(stepper.procedure().value, 3);
+/// assert_eq!(stepper.cursor().state(), CounterState::Done);
+/// # });
+/// ```
+pub struct Stepper<M: StateMachine> {
+    procedure: M::Procedure,
+    cursor: Cursor<M>,
+    ctx: Context<M::Env>,
+    retries: u32,
+    failures_in_a_row: u32,
+}
+
+impl<M: StateMachine> Stepper<M> {
+    /// A new procedure with data `procedure` sharing environment `env`, at the initial
+    /// state, with id `#0` and 3 retries per step for [`run`](Self::run).
+    pub fn new(procedure: M::Procedure, env: M::Env) -> Self {
+        Self::resume(procedure, Cursor::new(), Arc::new(env))
+    }
+
+    /// Continues a procedure from `cursor` (for instance one read back with
+    /// [`codec::decode`](crate::codec::decode)).
+    pub fn resume(procedure: M::Procedure, cursor: Cursor<M>, env: Arc<M::Env>) -> Self {
+        Self {
+            procedure,
+            cursor,
+            ctx: Context::new(ProcedureId::new(0), env),
+            retries: 3,
+            failures_in_a_row: 0,
+        }
+    }
+
+    /// Sets how many times in a row [`run`](Self::run) retries a failing step.
+    #[must_use]
+    pub fn with_retries(mut self, retries: u32) -> Self {
+        self.retries = retries;
+        self
+    }
+
+    /// The procedure's data.
+    pub fn procedure(&self) -> &M::Procedure {
+        &self.procedure
+    }
+
+    /// The procedure's position.
+    pub fn cursor(&self) -> &Cursor<M> {
+        &self.cursor
+    }
+
+    /// Takes the procedure's data and position back.
+    pub fn into_parts(self) -> (M::Procedure, Cursor<M>) {
+        (self.procedure, self.cursor)
+    }
+
+    /// Runs one step: the current state's execute handler while running, the next
+    /// rollback handler while rolling back.
+    pub async fn step(&mut self) -> StepReport<M> {
+        match self.cursor.phase() {
+            Phase::Running => self.execute().await,
+            Phase::RollingBack { .. } => self.undo().await,
+            _ => StepReport::Finished,
+        }
+    }
+
+    /// Steps until the procedure ends and returns how it ended.
+    ///
+    /// A step that keeps failing is retried `retries` times in a row; then a forward step
+    /// rolls back (or fails, past a point of no return) and a rollback step fails the
+    /// procedure, keeping the original error.
+    pub async fn run(&mut self) -> &Phase {
+        loop {
+            match self.step().await {
+                StepReport::Finished => return self.cursor.phase(),
+                StepReport::RetryLater(error) => self.after_failure(error),
+                _ => self.failures_in_a_row = 0,
+            }
+        }
+    }
+
+    fn after_failure(&mut self, error: Error) {
+        self.failures_in_a_row += 1;
+        if self.failures_in_a_row <= self.retries {
+            return;
+        }
+        self.failures_in_a_row = 0;
+        match self.cursor.phase().clone() {
+            Phase::RollingBack { cause } => self.cursor.fail(cause),
+            _ if self.cursor.past_point_of_no_return() => self.cursor.fail(error),
+            _ => self.cursor.start_rollback(error.into_fatal()),
+        }
+    }
+
+    async fn execute(&mut self) -> StepReport<M> {
+        let from = self.cursor.state();
+        let flow = match from
+            .execute_from_state(&mut self.procedure, &self.ctx)
+            .await
+        {
+            Ok(flow) => flow,
+            Err(error) => return self.failed(error),
+        };
+        match flow {
+            Flow::Next(to) => self.moved(to, |to| StepReport::Moved { from, to }),
+            Flow::Spawn { children, then } => {
+                self.moved(then, |to| StepReport::Spawned { children, to })
+            }
+            Flow::Suspend { event, timeout } => StepReport::Suspended { event, timeout },
+            Flow::Yield => StepReport::Yielded,
+        }
+    }
+
+    fn moved(&mut self, to: M, report: impl FnOnce(M) -> StepReport<M>) -> StepReport<M> {
+        match self.cursor.advance(to) {
+            Ok(()) => report(to),
+            Err(cycle) => self.failed(cycle),
+        }
+    }
+
+    fn failed(&mut self, error: Error) -> StepReport<M> {
+        if error.is_retryable() || self.cursor.past_point_of_no_return() {
+            return StepReport::RetryLater(error);
+        }
+        self.cursor.start_rollback(error.clone());
+        StepReport::RollbackStarted(error)
+    }
+
+    async fn undo(&mut self) -> StepReport<M> {
+        let Some(state) = self.cursor.pending_rollback() else {
+            return StepReport::Finished;
+        };
+        match state.rollback_state(&mut self.procedure, &self.ctx).await {
+            Ok(()) => {
+                self.cursor.rolled_back();
+                StepReport::RolledBack(state)
+            }
+            Err(error) => StepReport::RetryLater(error),
+        }
+    }
+}
