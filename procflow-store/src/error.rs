@@ -68,7 +68,6 @@ pub enum StoreError {
     UnknownProcedure(ProcId),
 }
 
-#[expect(dead_code, reason = "used by the WAL")]
 impl StoreError {
     pub(crate) fn io(context: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         StoreError::Io {

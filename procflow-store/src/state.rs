@@ -35,7 +35,6 @@ pub(crate) enum Key {
     Meta(String),
 }
 
-#[expect(dead_code, reason = "used by the WAL")]
 impl Change {
     pub(crate) fn key(&self) -> Key {
         match self {
@@ -180,7 +179,6 @@ impl State {
         }
     }
 
-    #[expect(dead_code, reason = "used by the WAL")]
     /// The current change that recreates `key`, if the key exists.
     pub(crate) fn current(&self, key: &Key) -> Option<Change> {
         match key {

@@ -1,0 +1,58 @@
+//! The I/O backend under [`WalStore`](crate::WalStore).
+//!
+//! Every byte the WAL reads or writes and every fsync goes through an [`IoBackend`], so
+//! tests can swap the real filesystem ([`FsBackend`]) for an in-memory one that simulates
+//! crashes ([`SimBackend`]) or one that fails the Nth write or sync ([`FaultBackend`]).
+//! The procflow runtime can use the same backends to crash-test whole workflows.
+
+mod fault;
+mod fs;
+mod sim;
+
+use std::any::Any;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+pub use fault::FaultBackend;
+pub use fs::FsBackend;
+pub use sim::SimBackend;
+
+/// Proof that a store directory is locked; dropping it releases the lock.
+pub type DirLock = Box<dyn Any + Send + Sync>;
+
+/// The file system operations the WAL needs.
+///
+/// Durability contract: data appended to a [`LogFile`] is durable once
+/// [`LogFile::sync_data`] returned `Ok`; a created, renamed or removed name is durable
+/// once [`IoBackend::sync_dir`] on its directory returned `Ok`.
+pub trait IoBackend: Send + Sync + 'static {
+    /// Creates `dir` and its parents (mode 0700 for new directories where supported).
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// Takes an exclusive lock on `dir`; `Ok(None)` if someone else holds it.
+    fn lock_dir(&self, dir: &Path) -> io::Result<Option<DirLock>>;
+    /// The names of the files in `dir`.
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// The whole content of `path`.
+    fn read_file(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// Creates `path`, which must not exist (mode 0600 where supported), for appending.
+    fn create_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>>;
+    /// Opens the existing file `path` for appending.
+    fn open_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>>;
+    /// Renames `from` to `to`, replacing `to`.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Removes `path`.
+    fn remove_file(&self, path: &Path) -> io::Result<()>;
+    /// Makes creations, renames and removals in `dir` durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+}
+
+/// A file opened for appending. Shared between writers and the syncer, hence `&self`.
+pub trait LogFile: Send + Sync {
+    /// Appends all of `buf` at the end of the file.
+    fn append(&self, buf: &[u8]) -> io::Result<()>;
+    /// Makes everything appended so far durable (`fdatasync`).
+    fn sync_data(&self) -> io::Result<()>;
+    /// Cuts the file to `len` bytes; later appends go after it.
+    fn truncate(&self, len: u64) -> io::Result<()>;
+}

@@ -1,0 +1,307 @@
+//! [`SimBackend`]: an in-memory file system that simulates crashes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::{DirLock, IoBackend, LogFile};
+
+/// An in-memory [`IoBackend`] that keeps two images of every file and directory: the
+/// *live* image gets every write, the *durable* image only what a completed sync made
+/// durable (file data at [`LogFile::sync_data`], names at [`IoBackend::sync_dir`]).
+///
+/// A crash test runs a workload once to count syncs with [`SimBackend::sync_count`], then
+/// for every `n` runs it again on a backend built with [`SimBackend::crash_at_sync`]`(n)`:
+/// the `n`th sync fails without taking effect and every later operation fails, as if the
+/// machine had lost power. [`SimBackend::crash_image`] then yields a backend holding only
+/// the durable image, to reopen the store from. Directories are always durable.
+#[derive(Clone, Default)]
+pub struct SimBackend {
+    fs: Arc<Mutex<SimFs>>,
+}
+
+#[derive(Clone, Default)]
+struct SimFs {
+    inodes: Vec<Inode>,
+    live: BTreeMap<PathBuf, usize>,
+    durable: BTreeMap<PathBuf, usize>,
+    dirs: BTreeSet<PathBuf>,
+    locks: BTreeSet<PathBuf>,
+    syncs: u64,
+    crash_at: Option<u64>,
+    crashed: bool,
+}
+
+#[derive(Clone, Default)]
+struct Inode {
+    live: Vec<u8>,
+    durable: Vec<u8>,
+}
+
+fn crashed() -> io::Error {
+    io::Error::other("simulated crash")
+}
+
+fn not_found(path: &Path) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{} does not exist", path.display()),
+    )
+}
+
+impl SimFs {
+    fn check(&self) -> io::Result<()> {
+        if self.crashed { Err(crashed()) } else { Ok(()) }
+    }
+
+    /// Counts a sync; `Err` if this is the sync to crash at (or we already crashed).
+    fn begin_sync(&mut self) -> io::Result<()> {
+        self.check()?;
+        self.syncs += 1;
+        if self.crash_at == Some(self.syncs) {
+            self.crashed = true;
+            return Err(crashed());
+        }
+        Ok(())
+    }
+}
+
+impl SimBackend {
+    /// An empty file system.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An empty file system that crashes at its `n`th sync (counting from 1).
+    pub fn crash_at_sync(n: u64) -> Self {
+        let backend = Self::new();
+        backend.lock().crash_at = Some(n);
+        backend
+    }
+
+    fn lock(&self) -> MutexGuard<'_, SimFs> {
+        self.fs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How many syncs (file and directory) were attempted so far.
+    pub fn sync_count(&self) -> u64 {
+        self.lock().syncs
+    }
+
+    /// `true` once the simulated crash happened.
+    pub fn has_crashed(&self) -> bool {
+        self.lock().crashed
+    }
+
+    /// A new backend holding only the durable image, as a machine would find its disk
+    /// after a power loss. Locks are not carried over.
+    pub fn crash_image(&self) -> SimBackend {
+        let fs = self.lock();
+        let mut image = SimFs {
+            dirs: fs.dirs.clone(),
+            ..SimFs::default()
+        };
+        for (path, &inode) in &fs.durable {
+            let data = fs.inodes[inode].durable.clone();
+            image.inodes.push(Inode {
+                live: data.clone(),
+                durable: data,
+            });
+            let id = image.inodes.len() - 1;
+            image.live.insert(path.clone(), id);
+            image.durable.insert(path.clone(), id);
+        }
+        SimBackend {
+            fs: Arc::new(Mutex::new(image)),
+        }
+    }
+
+    /// A new backend holding the live image, made fully durable, as a restarted process
+    /// would find it after the operating system flushed everything. Locks are not
+    /// carried over.
+    pub fn restart_image(&self) -> SimBackend {
+        let mut fs = self.lock().clone();
+        fs.locks.clear();
+        fs.crashed = false;
+        fs.crash_at = None;
+        fs.durable = fs.live.clone();
+        for inode in &mut fs.inodes {
+            inode.durable = inode.live.clone();
+        }
+        SimBackend {
+            fs: Arc::new(Mutex::new(fs)),
+        }
+    }
+
+    /// The live content of `path`, if it exists.
+    pub fn file(&self, path: &Path) -> Option<Vec<u8>> {
+        let fs = self.lock();
+        fs.live
+            .get(path)
+            .map(|&inode| fs.inodes[inode].live.clone())
+    }
+
+    /// Replaces the content of the existing file `path` in both images (to inject damage).
+    pub fn set_file(&self, path: &Path, data: Vec<u8>) -> io::Result<()> {
+        let mut fs = self.lock();
+        let inode = *fs.live.get(path).ok_or_else(|| not_found(path))?;
+        fs.inodes[inode] = Inode {
+            live: data.clone(),
+            durable: data,
+        };
+        Ok(())
+    }
+}
+
+struct SimLock {
+    fs: Arc<Mutex<SimFs>>,
+    dir: PathBuf,
+}
+
+impl Drop for SimLock {
+    fn drop(&mut self) {
+        let mut fs = self.fs.lock().unwrap_or_else(|e| e.into_inner());
+        fs.locks.remove(&self.dir);
+    }
+}
+
+struct SimFile {
+    fs: Arc<Mutex<SimFs>>,
+    inode: usize,
+}
+
+impl SimFile {
+    fn lock(&self) -> MutexGuard<'_, SimFs> {
+        self.fs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl LogFile for SimFile {
+    fn append(&self, buf: &[u8]) -> io::Result<()> {
+        let mut fs = self.lock();
+        fs.check()?;
+        fs.inodes[self.inode].live.extend_from_slice(buf);
+        Ok(())
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        let mut fs = self.lock();
+        fs.begin_sync()?;
+        let inode = &mut fs.inodes[self.inode];
+        inode.durable = inode.live.clone();
+        Ok(())
+    }
+
+    fn truncate(&self, len: u64) -> io::Result<()> {
+        let mut fs = self.lock();
+        fs.check()?;
+        let len = usize::try_from(len).map_err(io::Error::other)?;
+        fs.inodes[self.inode].live.resize(len, 0);
+        Ok(())
+    }
+}
+
+impl IoBackend for SimBackend {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+        let mut fs = self.lock();
+        fs.check()?;
+        for ancestor in dir.ancestors() {
+            fs.dirs.insert(ancestor.to_path_buf());
+        }
+        Ok(())
+    }
+
+    fn lock_dir(&self, dir: &Path) -> io::Result<Option<DirLock>> {
+        let mut fs = self.lock();
+        fs.check()?;
+        if !fs.locks.insert(dir.to_path_buf()) {
+            return Ok(None);
+        }
+        Ok(Some(Box::new(SimLock {
+            fs: self.fs.clone(),
+            dir: dir.to_path_buf(),
+        })))
+    }
+
+    fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let fs = self.lock();
+        fs.check()?;
+        if !fs.dirs.contains(dir) {
+            return Err(not_found(dir));
+        }
+        Ok(fs
+            .live
+            .keys()
+            .filter(|path| path.parent() == Some(dir))
+            .filter_map(|path| path.file_name()?.to_str().map(str::to_owned))
+            .collect())
+    }
+
+    fn read_file(&self, path: &Path) -> io::Result<Vec<u8>> {
+        self.file(path).ok_or_else(|| not_found(path))
+    }
+
+    fn create_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
+        let mut fs = self.lock();
+        fs.check()?;
+        if fs.live.contains_key(path) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} already exists", path.display()),
+            ));
+        }
+        if !path.parent().is_some_and(|dir| fs.dirs.contains(dir)) {
+            return Err(not_found(path));
+        }
+        fs.inodes.push(Inode::default());
+        let inode = fs.inodes.len() - 1;
+        fs.live.insert(path.to_path_buf(), inode);
+        Ok(Arc::new(SimFile {
+            fs: self.fs.clone(),
+            inode,
+        }))
+    }
+
+    fn open_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
+        let fs = self.lock();
+        fs.check()?;
+        let inode = *fs.live.get(path).ok_or_else(|| not_found(path))?;
+        Ok(Arc::new(SimFile {
+            fs: self.fs.clone(),
+            inode,
+        }))
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        let mut fs = self.lock();
+        fs.check()?;
+        let inode = fs.live.remove(from).ok_or_else(|| not_found(from))?;
+        fs.live.insert(to.to_path_buf(), inode);
+        Ok(())
+    }
+
+    fn remove_file(&self, path: &Path) -> io::Result<()> {
+        let mut fs = self.lock();
+        fs.check()?;
+        fs.live
+            .remove(path)
+            .map(drop)
+            .ok_or_else(|| not_found(path))
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        let mut fs = self.lock();
+        fs.begin_sync()?;
+        let in_dir = |path: &PathBuf| path.parent() == Some(dir);
+        let live: Vec<(PathBuf, usize)> = fs
+            .live
+            .iter()
+            .filter(|(path, _)| in_dir(path))
+            .map(|(path, &inode)| (path.clone(), inode))
+            .collect();
+        fs.durable.retain(|path, _| !in_dir(path));
+        fs.durable.extend(live);
+        Ok(())
+    }
+}

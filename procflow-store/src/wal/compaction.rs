@@ -1,0 +1,124 @@
+//! Compaction: keeping disk use proportional to live state, not history.
+//!
+//! [`LiveIndex`] remembers, for every live key, the segment holding its latest change
+//! and an estimate of that change's size. When closed segments hold more than
+//! [`COMPACTION_RATIO`] times the live bytes, [`compact`] walks the closed segments
+//! oldest first: the latest changes still sitting in a segment are rewritten forward as
+//! one `KIND_COMPACTION` record (with the highest fencing token), synced, and the segment
+//! is deleted. Only the oldest segment is ever deleted, so a delete's tombstone can only
+//! disappear together with every older change of its key.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::record::{self, KIND_COMPACTION};
+use super::writer::Writer;
+use crate::error::StoreError;
+use crate::state::{Change, Key, State};
+
+/// Compact once closed segments exceed this many times the live bytes.
+pub(crate) const COMPACTION_RATIO: u64 = 2;
+
+/// Per-change bytes added to the value and key in the live-size estimate, covering the
+/// encoding of the change and its share of a record header.
+const CHANGE_OVERHEAD: u64 = 48;
+
+/// Where the latest change of every live key is.
+#[derive(Debug, Default)]
+pub(crate) struct LiveIndex {
+    location: HashMap<Key, (u64, u64)>,
+    per_segment: BTreeMap<u64, u64>,
+    live_bytes: u64,
+}
+
+fn estimated_size(change: &Change) -> u64 {
+    let payload = match change {
+        Change::Put { value, .. } => value.len(),
+        Change::PutMeta { key, value } => key.len() + value.len(),
+        Change::Delete { .. } | Change::DeleteMeta { .. } => 0,
+    };
+    CHANGE_OVERHEAD + payload as u64
+}
+
+impl LiveIndex {
+    /// Records that `change`, written to `segment`, is now the latest for its key.
+    pub(crate) fn note(&mut self, segment: u64, change: &Change) {
+        let key = change.key();
+        if let Some((old_segment, size)) = self.location.remove(&key) {
+            self.live_bytes -= size;
+            if let Some(bytes) = self.per_segment.get_mut(&old_segment) {
+                *bytes -= size;
+                if *bytes == 0 {
+                    self.per_segment.remove(&old_segment);
+                }
+            }
+        }
+        if !change.is_removal() {
+            let size = estimated_size(change);
+            self.location.insert(key, (segment, size));
+            *self.per_segment.entry(segment).or_default() += size;
+            self.live_bytes += size;
+        }
+    }
+
+    /// Estimated bytes of all live entries.
+    pub(crate) fn live_bytes(&self) -> u64 {
+        self.live_bytes
+    }
+
+    /// The keys whose latest change is in `segment`, sorted.
+    fn keys_in(&self, segment: u64) -> Vec<Key> {
+        if !self.per_segment.contains_key(&segment) {
+            return Vec::new();
+        }
+        let mut keys: Vec<Key> = self
+            .location
+            .iter()
+            .filter(|(_, (s, _))| *s == segment)
+            .map(|(key, _)| key.clone())
+            .collect();
+        keys.sort_unstable();
+        keys
+    }
+}
+
+/// Compacts closed segments, oldest first, while they hold more than
+/// [`COMPACTION_RATIO`] times the live bytes. Returns how many segments were removed.
+///
+/// # Errors
+///
+/// I/O errors from the writer; the caller must poison the store.
+pub(crate) fn compact(
+    state: &State,
+    index: &mut LiveIndex,
+    writer: &mut Writer,
+) -> Result<usize, StoreError> {
+    let segments = writer.segments();
+    let closed = segments[..segments.len() - 1].to_vec();
+    let mut closed_bytes: u64 = closed.iter().map(|s| s.len).sum();
+    let mut removed = 0;
+    for segment in closed {
+        if closed_bytes <= COMPACTION_RATIO * index.live_bytes() {
+            break;
+        }
+        let changes: Vec<Change> = index
+            .keys_in(segment.number)
+            .iter()
+            .filter_map(|key| state.current(key))
+            .collect();
+        let bytes = record::encode(
+            KIND_COMPACTION,
+            writer.next_seq(),
+            state.highest_token,
+            &changes,
+        )?;
+        let landed = writer.write(&bytes)?;
+        for change in &changes {
+            index.note(landed, change);
+        }
+        writer.sync_active()?;
+        writer.remove_segment(segment.number)?;
+        closed_bytes -= segment.len;
+        removed += 1;
+    }
+    Ok(removed)
+}

@@ -1,0 +1,44 @@
+//! [`WalConfig`]: how a [`WalStore`](crate::WalStore) writes.
+
+/// When [`Store::commit`](crate::Store::commit) considers a batch durable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SyncMode {
+    /// `commit` returns after the batch's record reached the disk with `fdatasync`
+    /// (shared among concurrent commits). The default.
+    #[default]
+    Durable,
+    /// Never fsync: `commit` returns once the record is handed to the operating system.
+    /// A crash of the machine can lose acknowledged batches (a crash of the process
+    /// cannot). For tests and benchmarks only.
+    NoSync,
+}
+
+/// Configuration of a [`WalStore`](crate::WalStore).
+///
+/// # Examples
+///
+/// ```
+/// use procflow_store::{SyncMode, WalConfig};
+///
+/// let config = WalConfig { segment_size: 8 << 20, ..WalConfig::default() };
+/// assert_eq!(config.sync, SyncMode::Durable);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WalConfig {
+    /// Size in bytes at which the active segment file is closed and a new one started;
+    /// also the granularity at which disk space is reclaimed by compaction. A batch
+    /// larger than this gets a segment of its own. Default: 64 MiB.
+    pub segment_size: u64,
+    /// When a commit counts as durable. Default: [`SyncMode::Durable`].
+    pub sync: SyncMode,
+}
+
+impl Default for WalConfig {
+    fn default() -> Self {
+        WalConfig {
+            segment_size: 64 << 20,
+            sync: SyncMode::Durable,
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! [`WalStore`]: the embedded write-ahead log, procflow's default store.
+//!
+//! Files by concept: [`record`] encodes one record and its checksums, [`segment`] names
+//! and creates segment files, [`writer`] appends and rolls, [`group_commit`] shares
+//! fsyncs, [`recovery`] scans and replays at open, [`compaction`] reclaims space,
+//! [`config`] holds the knobs. The bytes are described in `docs/FORMAT.md`.
+
+mod compaction;
+mod config;
+mod group_commit;
+mod record;
+mod recovery;
+mod segment;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+pub use config::{SyncMode, WalConfig};
+
+use self::compaction::LiveIndex;
+use self::group_commit::GroupCommit;
+use self::writer::Writer;
+use crate::error::StoreError;
+use crate::io::{DirLock, FsBackend, IoBackend};
+use crate::state::State;
+use crate::store::{Batch, BoxFuture, Limits, Loaded, ProcId, Record, RecordInfo, Store};
+
+/// A [`Store`] that appends every batch as one checksummed record to a log of segment
+/// files in a directory, keeps the whole state in memory, and replays the log at open.
+///
+/// Use it whenever procedures must survive a restart of a single process; for tests
+/// [`MemStore`](crate::MemStore) is simpler, and a replicated store (etcd) is needed
+/// when several machines must be able to take over.
+///
+/// * **Atomic batches**: one batch is one record; after a crash it is there entirely or
+///   not at all.
+/// * **Group commit**: concurrent [`commit`](Store::commit)s share one `fdatasync`; the
+///   fsync runs on Tokio's blocking thread pool, never on a worker thread.
+/// * **Compaction**: segments roll at [`WalConfig::segment_size`]; live entries left in
+///   old segments are rewritten forward so old segments can be deleted, keeping disk use
+///   within about twice the live data plus one segment.
+/// * **Recovery**: a torn tail of the last segment is cut off; any other damage fails
+///   the open with [`StoreError::Corrupt`] naming the file and offset.
+/// * **Exclusive**: the directory is locked; a second opener gets [`StoreError::Locked`].
+///   Files are created with mode 0600, the directory with 0700.
+/// * **Poisoning**: after a failed write or fsync every later commit fails with
+///   [`StoreError::Poisoned`] until the store is reopened.
+///
+/// # Examples
+///
+/// ```
+/// use procflow_store::{Batch, Store, WalConfig, WalStore};
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let dir = tempfile::tempdir()?;
+/// let store = WalStore::open(dir.path(), WalConfig::default())?;
+/// store.commit(Batch::new().put(1, None, b"step 1".to_vec())).await?;
+/// store.close().await?;
+///
+/// let store = WalStore::open(dir.path(), WalConfig::default())?;
+/// assert_eq!(store.get(1).await?.unwrap().value, b"step 1");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
+/// ```
+pub struct WalStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for WalStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WalStore")
+            .field("dir", &self.inner.dir)
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Counters describing a [`WalStore`], from [`WalStore::stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WalStats {
+    /// Batches committed since open.
+    pub commits: u64,
+    /// `fdatasync` calls made by group commit since open (not counting those at segment
+    /// rolls and compaction).
+    pub group_syncs: u64,
+    /// Segment files in the log.
+    pub segments: usize,
+    /// Bytes in all segment files.
+    pub disk_bytes: u64,
+    /// Estimated bytes of live data (records and metadata, with per-entry overhead).
+    pub live_bytes: u64,
+}
+
+struct Inner {
+    dir: PathBuf,
+    config: WalConfig,
+    log: Mutex<Log>,
+    group: GroupCommit,
+    poisoned: AtomicBool,
+    commits: AtomicU64,
+    group_syncs: AtomicU64,
+}
+
+struct Log {
+    state: State,
+    index: LiveIndex,
+    writer: Writer,
+    closed: bool,
+    /// Held until close or drop.
+    lock: Option<DirLock>,
+}
+
+impl WalStore {
+    /// Opens (or creates) the store in `dir` on the real file system, recovering its
+    /// contents. Blocks while it reads the log.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Locked`] if the directory is in use, [`StoreError::Corrupt`] if the
+    /// log is damaged other than by a torn tail, [`StoreError::Io`] otherwise.
+    pub fn open(dir: impl AsRef<Path>, config: WalConfig) -> Result<Self, StoreError> {
+        Self::open_with_backend(dir, config, Arc::new(FsBackend))
+    }
+
+    /// Like [`WalStore::open`] on another [`IoBackend`], e.g. a
+    /// [`SimBackend`](crate::io::SimBackend) to simulate crashes.
+    ///
+    /// # Errors
+    ///
+    /// As [`WalStore::open`].
+    pub fn open_with_backend(
+        dir: impl AsRef<Path>,
+        config: WalConfig,
+        backend: Arc<dyn IoBackend>,
+    ) -> Result<Self, StoreError> {
+        let dir = dir.as_ref();
+        let sync = config.sync == SyncMode::Durable;
+        backend
+            .create_dir_all(dir)
+            .map_err(|e| StoreError::io("creating the store directory", dir, e))?;
+        let lock = backend
+            .lock_dir(dir)
+            .map_err(|e| StoreError::io("locking the store directory", dir, e))?
+            .ok_or_else(|| StoreError::Locked {
+                dir: dir.to_path_buf(),
+            })?;
+        let recovered = recovery::recover(backend.as_ref(), dir, sync)?;
+        let writer = Writer::new(
+            backend,
+            dir,
+            config.segment_size,
+            sync,
+            recovered.segments,
+            recovered.active,
+            recovered.next_seq,
+        );
+        Ok(WalStore {
+            inner: Arc::new(Inner {
+                dir: dir.to_path_buf(),
+                config,
+                log: Mutex::new(Log {
+                    state: recovered.state,
+                    index: recovered.index,
+                    writer,
+                    closed: false,
+                    lock: Some(lock),
+                }),
+                group: GroupCommit::default(),
+                poisoned: AtomicBool::new(false),
+                commits: AtomicU64::new(0),
+                group_syncs: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The store's directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> WalStats {
+        let log = self.inner.lock_log();
+        WalStats {
+            commits: self.inner.commits.load(Ordering::Relaxed),
+            group_syncs: self.inner.group_syncs.load(Ordering::Relaxed),
+            segments: log.writer.segments().len(),
+            disk_bytes: log.writer.segments().iter().map(|s| s.len).sum(),
+            live_bytes: log.index.live_bytes(),
+        }
+    }
+}
+
+impl Inner {
+    fn lock_log(&self) -> MutexGuard<'_, Log> {
+        // Log state is only modified after the I/O it depends on succeeded, and an I/O
+        // failure poisons the store, so a panic while locked leaves nothing half-done
+        // that could be acknowledged.
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks the store poisoned and passes `error` through.
+    fn poison(&self, error: StoreError) -> StoreError {
+        self.poisoned.store(true, Ordering::SeqCst);
+        self.group.fail();
+        error
+    }
+
+    fn commit_blocking(&self, batch: Batch) -> Result<(), StoreError> {
+        let end = {
+            let mut log = self.lock_log();
+            if log.closed {
+                return Err(StoreError::Closed);
+            }
+            if self.poisoned.load(Ordering::SeqCst) {
+                return Err(StoreError::Poisoned);
+            }
+            let prepared = log.state.prepare(batch, &Limits::default())?;
+            let bytes = record::encode(
+                record::KIND_BATCH,
+                log.writer.next_seq(),
+                prepared.fencing_token,
+                &prepared.changes,
+            )?;
+            let Log {
+                state,
+                index,
+                writer,
+                ..
+            } = &mut *log;
+            let segment = writer.write(&bytes).map_err(|e| self.poison(e))?;
+            state.observe_token(prepared.fencing_token);
+            for change in prepared.changes {
+                index.note(segment, &change);
+                state.apply(change);
+            }
+            compaction::compact(state, index, writer).map_err(|e| self.poison(e))?;
+            self.group.mark_synced(writer.durable_through());
+            writer.position()
+        };
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.wait_durable(end)
+    }
+
+    /// Returns once everything before log position `end` is durable.
+    fn wait_durable(&self, end: u64) -> Result<(), StoreError> {
+        if self.config.sync == SyncMode::NoSync {
+            return Ok(());
+        }
+        self.group.wait_durable(end, || {
+            let (file, through, path) = self.lock_log().writer.sync_target();
+            file.sync_data().map_err(|e| {
+                self.poisoned.store(true, Ordering::SeqCst);
+                StoreError::io("syncing a segment", path, e)
+            })?;
+            self.group_syncs.fetch_add(1, Ordering::Relaxed);
+            Ok(through)
+        })
+    }
+
+    fn close_blocking(&self) -> Result<(), StoreError> {
+        let end = {
+            let mut log = self.lock_log();
+            if log.closed {
+                return Ok(());
+            }
+            log.closed = true;
+            log.writer.position()
+        };
+        let result = if self.poisoned.load(Ordering::SeqCst) {
+            Err(StoreError::Poisoned)
+        } else {
+            self.wait_durable(end)
+        };
+        let lock = self.lock_log().lock.take();
+        drop(lock);
+        result
+    }
+}
+
+/// Runs `f` on Tokio's blocking pool.
+fn blocking<T: Send + 'static>(
+    inner: &Arc<Inner>,
+    f: impl FnOnce(&Inner) -> T + Send + 'static,
+) -> BoxFuture<'static, T> {
+    let inner = inner.clone();
+    Box::pin(async move {
+        match tokio::task::spawn_blocking(move || f(&inner)).await {
+            Ok(value) => value,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    })
+}
+
+/// # Panics
+///
+/// Every method except [`Store::limits`] must be called within a Tokio runtime: the work
+/// runs on its blocking thread pool.
+///
+/// # Cancel safety
+///
+/// Dropping a `commit` future does not cancel the commit: it completes in the background
+/// and may or may not become durable.
+impl Store for WalStore {
+    fn commit(&self, batch: Batch) -> BoxFuture<'_, Result<(), StoreError>> {
+        blocking(&self.inner, move |inner| inner.commit_blocking(batch))
+    }
+
+    fn load(&self) -> BoxFuture<'_, Result<Loaded, StoreError>> {
+        blocking(&self.inner, |inner| Ok(inner.lock_log().state.load()))
+    }
+
+    fn get(&self, id: ProcId) -> BoxFuture<'_, Result<Option<Record>, StoreError>> {
+        blocking(&self.inner, move |inner| Ok(inner.lock_log().state.get(id)))
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<RecordInfo>, StoreError>> {
+        blocking(&self.inner, |inner| Ok(inner.lock_log().state.list()))
+    }
+
+    fn limits(&self) -> Limits {
+        Limits::default()
+    }
+
+    fn close(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        blocking(&self.inner, Inner::close_blocking)
+    }
+}

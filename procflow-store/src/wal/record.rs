@@ -1,0 +1,234 @@
+//! Encoding of one log record: a 32-byte header and a postcard payload.
+//!
+//! Byte layout (integers little-endian; documented in prose in `docs/FORMAT.md`):
+//!
+//! ```text
+//! offset  size  field
+//!      0     1  marker, RECORD_MARKER (0xB7)
+//!      1     1  kind: KIND_BATCH (1) or KIND_COMPACTION (2)
+//!      2     1  flags: FLAG_FENCING_TOKEN (bit 0); other bits zero
+//!      3     1  reserved, zero
+//!      4     4  payload length in bytes (u32)
+//!      8     8  sequence number (u64), strictly increasing through the log
+//!     16     8  fencing token (u64); zero unless FLAG_FENCING_TOKEN is set
+//!     24     4  CRC32C of the payload
+//!     28     4  CRC32C of header bytes 0..28
+//!     32     n  payload: postcard encoding of the record's changes
+//! ```
+//!
+//! One record holds one whole batch, so a batch is atomic: a record is either entirely
+//! valid or ignored (torn tail) or reported (corruption).
+
+use crate::error::StoreError;
+use crate::state::Change;
+
+/// First byte of every record.
+pub(crate) const RECORD_MARKER: u8 = 0xB7;
+/// Kind of a record written for one committed [`Batch`](crate::Batch).
+pub(crate) const KIND_BATCH: u8 = 1;
+/// Kind of a record written by compaction, carrying live entries forward.
+pub(crate) const KIND_COMPACTION: u8 = 2;
+/// Flag bit: the fencing-token field holds a token.
+pub(crate) const FLAG_FENCING_TOKEN: u8 = 0b0000_0001;
+
+const MARKER_OFFSET: usize = 0;
+const KIND_OFFSET: usize = 1;
+const FLAGS_OFFSET: usize = 2;
+const RESERVED_OFFSET: usize = 3;
+const LEN_OFFSET: usize = 4;
+const SEQ_OFFSET: usize = 8;
+const TOKEN_OFFSET: usize = 16;
+const PAYLOAD_CRC_OFFSET: usize = 24;
+const HEADER_CRC_OFFSET: usize = 28;
+/// Size of the record header; the payload follows it.
+pub(crate) const RECORD_HEADER_LEN: usize = 32;
+
+/// The decoded, checksum-verified header of a record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RecordHeader {
+    pub(crate) kind: u8,
+    pub(crate) payload_len: u32,
+    pub(crate) seq: u64,
+    pub(crate) fencing_token: Option<u64>,
+    pub(crate) payload_crc: u32,
+}
+
+impl RecordHeader {
+    /// Total size of the record on disk.
+    pub(crate) fn record_len(&self) -> u64 {
+        RECORD_HEADER_LEN as u64 + u64::from(self.payload_len)
+    }
+}
+
+/// Why bytes are not a valid record header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum HeaderError {
+    /// Fewer than [`RECORD_HEADER_LEN`] bytes are left.
+    Short,
+    /// The first byte is not [`RECORD_MARKER`].
+    UnknownMarker(u8),
+    /// The header checksum does not match.
+    Checksum,
+    /// The checksum matches but a field holds a value this version does not know: the
+    /// record was written deliberately, by a newer or broken writer.
+    Unsupported(String),
+}
+
+impl std::fmt::Display for HeaderError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HeaderError::Short => write!(f, "incomplete record header"),
+            HeaderError::UnknownMarker(b) => write!(f, "unknown record marker {b:#04x}"),
+            HeaderError::Checksum => write!(f, "record header checksum mismatch"),
+            HeaderError::Unsupported(what) => write!(f, "unsupported record header: {what}"),
+        }
+    }
+}
+
+fn u32_at(buf: &[u8], offset: usize) -> u32 {
+    let mut bytes = [0; 4];
+    bytes.copy_from_slice(&buf[offset..offset + 4]);
+    u32::from_le_bytes(bytes)
+}
+
+fn u64_at(buf: &[u8], offset: usize) -> u64 {
+    let mut bytes = [0; 8];
+    bytes.copy_from_slice(&buf[offset..offset + 8]);
+    u64::from_le_bytes(bytes)
+}
+
+/// Encodes one record. Fails with [`StoreError::TooLarge`] if the payload does not fit
+/// the 32-bit length field.
+pub(crate) fn encode(
+    kind: u8,
+    seq: u64,
+    fencing_token: Option<u64>,
+    changes: &[Change],
+) -> Result<Vec<u8>, StoreError> {
+    let mut out = vec![0; RECORD_HEADER_LEN];
+    let mut out = postcard::to_extend(changes, std::mem::take(&mut out)).map_err(|e| {
+        StoreError::io(
+            "encoding a record",
+            "",
+            std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+        )
+    })?;
+    let payload_len = out.len() - RECORD_HEADER_LEN;
+    let payload_len = u32::try_from(payload_len).map_err(|_| StoreError::TooLarge {
+        what: "encoded batch bytes",
+        size: payload_len,
+        limit: u32::MAX as usize,
+    })?;
+    let payload_crc = crc32c::crc32c(&out[RECORD_HEADER_LEN..]);
+    out[MARKER_OFFSET] = RECORD_MARKER;
+    out[KIND_OFFSET] = kind;
+    out[FLAGS_OFFSET] = if fencing_token.is_some() {
+        FLAG_FENCING_TOKEN
+    } else {
+        0
+    };
+    out[RESERVED_OFFSET] = 0;
+    out[LEN_OFFSET..LEN_OFFSET + 4].copy_from_slice(&payload_len.to_le_bytes());
+    out[SEQ_OFFSET..SEQ_OFFSET + 8].copy_from_slice(&seq.to_le_bytes());
+    out[TOKEN_OFFSET..TOKEN_OFFSET + 8].copy_from_slice(&fencing_token.unwrap_or(0).to_le_bytes());
+    out[PAYLOAD_CRC_OFFSET..PAYLOAD_CRC_OFFSET + 4].copy_from_slice(&payload_crc.to_le_bytes());
+    let header_crc = crc32c::crc32c(&out[..HEADER_CRC_OFFSET]);
+    out[HEADER_CRC_OFFSET..RECORD_HEADER_LEN].copy_from_slice(&header_crc.to_le_bytes());
+    Ok(out)
+}
+
+/// Decodes and verifies the header at the start of `buf`.
+pub(crate) fn decode_header(buf: &[u8]) -> Result<RecordHeader, HeaderError> {
+    let Some(&marker) = buf.first() else {
+        return Err(HeaderError::Short);
+    };
+    if marker != RECORD_MARKER {
+        return Err(HeaderError::UnknownMarker(marker));
+    }
+    if buf.len() < RECORD_HEADER_LEN {
+        return Err(HeaderError::Short);
+    }
+    if crc32c::crc32c(&buf[..HEADER_CRC_OFFSET]) != u32_at(buf, HEADER_CRC_OFFSET) {
+        return Err(HeaderError::Checksum);
+    }
+    let kind = buf[KIND_OFFSET];
+    if kind != KIND_BATCH && kind != KIND_COMPACTION {
+        return Err(HeaderError::Unsupported(format!("kind {kind}")));
+    }
+    let flags = buf[FLAGS_OFFSET];
+    if flags & !FLAG_FENCING_TOKEN != 0 || buf[RESERVED_OFFSET] != 0 {
+        return Err(HeaderError::Unsupported(format!("flags {flags:#04x}")));
+    }
+    let token = u64_at(buf, TOKEN_OFFSET);
+    Ok(RecordHeader {
+        kind,
+        payload_len: u32_at(buf, LEN_OFFSET),
+        seq: u64_at(buf, SEQ_OFFSET),
+        fencing_token: (flags & FLAG_FENCING_TOKEN != 0).then_some(token),
+        payload_crc: u32_at(buf, PAYLOAD_CRC_OFFSET),
+    })
+}
+
+/// `true` if `payload` matches the checksum in `header`.
+pub(crate) fn payload_matches(header: &RecordHeader, payload: &[u8]) -> bool {
+    crc32c::crc32c(payload) == header.payload_crc
+}
+
+/// Decodes a checksum-verified payload.
+pub(crate) fn decode_payload(payload: &[u8]) -> Result<Vec<Change>, String> {
+    match postcard::take_from_bytes::<Vec<Change>>(payload) {
+        Ok((changes, [])) => Ok(changes),
+        Ok((_, rest)) => Err(format!("{} trailing bytes after the payload", rest.len())),
+        Err(e) => Err(format!("undecodable payload: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<Change> {
+        vec![
+            Change::Put {
+                id: 7,
+                parent: Some(1),
+                finished: false,
+                value: b"hello".to_vec(),
+            },
+            Change::DeleteMeta { key: "k".into() },
+        ]
+    }
+
+    #[test]
+    fn round_trip() {
+        let bytes = encode(KIND_BATCH, 42, Some(9), &sample()).unwrap();
+        let header = decode_header(&bytes).unwrap();
+        assert_eq!(header.kind, KIND_BATCH);
+        assert_eq!(header.seq, 42);
+        assert_eq!(header.fencing_token, Some(9));
+        assert_eq!(header.record_len(), bytes.len() as u64);
+        let payload = &bytes[RECORD_HEADER_LEN..];
+        assert!(payload_matches(&header, payload));
+        assert_eq!(decode_payload(payload).unwrap(), sample());
+
+        let bytes = encode(KIND_COMPACTION, 1, None, &[]).unwrap();
+        assert_eq!(decode_header(&bytes).unwrap().fencing_token, None);
+    }
+
+    #[test]
+    fn every_header_bit_is_checked() {
+        let bytes = encode(KIND_BATCH, 42, Some(9), &sample()).unwrap();
+        for bit in 0..RECORD_HEADER_LEN * 8 {
+            let mut damaged = bytes.clone();
+            damaged[bit / 8] ^= 1 << (bit % 8);
+            assert!(decode_header(&damaged).is_err(), "bit {bit} undetected");
+        }
+    }
+
+    #[test]
+    fn garbage_payload_is_an_error_not_a_panic() {
+        assert!(decode_payload(&[0xff; 16]).is_err());
+        assert!(decode_payload(&[]).is_err());
+        assert_eq!(decode_payload(&[0]).unwrap(), vec![]);
+    }
+}

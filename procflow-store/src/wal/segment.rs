@@ -1,0 +1,158 @@
+//! Segment files: naming, the 32-byte segment header, and creating a new segment.
+//!
+//! Byte layout of the segment header (integers little-endian; see `docs/FORMAT.md`):
+//!
+//! ```text
+//! offset  size  field
+//!      0     8  magic, SEGMENT_MAGIC (b"PFLOWWAL")
+//!      8     2  format version (u16), FORMAT_VERSION (1)
+//!     10     2  reserved, zero
+//!     12     8  segment number (u64), equal to the number in the file name
+//!     20     8  reserved, zero
+//!     28     4  CRC32C of header bytes 0..28
+//!     32     -  records (see record.rs), back to back, up to the end of the file
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::error::StoreError;
+use crate::io::{IoBackend, LogFile};
+
+/// First eight bytes of every segment file.
+pub(crate) const SEGMENT_MAGIC: [u8; 8] = *b"PFLOWWAL";
+/// The on-disk format version this code writes and reads.
+pub(crate) const FORMAT_VERSION: u16 = 1;
+
+const MAGIC_OFFSET: usize = 0;
+const VERSION_OFFSET: usize = 8;
+const NUMBER_OFFSET: usize = 12;
+const HEADER_CRC_OFFSET: usize = 28;
+/// Size of the segment header; the first record starts here.
+pub(crate) const SEGMENT_HEADER_LEN: usize = 32;
+
+const SEGMENT_PREFIX: &str = "segment-";
+const SEGMENT_SUFFIX: &str = ".wal";
+/// Suffix of a segment being created; such files are removed at open.
+pub(crate) const TMP_SUFFIX: &str = ".tmp";
+
+/// The file name of segment `number`: `segment-<16 hex digits>.wal`.
+pub(crate) fn file_name(number: u64) -> String {
+    format!("{SEGMENT_PREFIX}{number:016x}{SEGMENT_SUFFIX}")
+}
+
+/// The segment number in `name`, if it names a segment.
+pub(crate) fn parse_file_name(name: &str) -> Option<u64> {
+    let hex = name
+        .strip_prefix(SEGMENT_PREFIX)?
+        .strip_suffix(SEGMENT_SUFFIX)?;
+    if hex.len() != 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// The path of segment `number` in `dir`.
+pub(crate) fn path(dir: &Path, number: u64) -> PathBuf {
+    dir.join(file_name(number))
+}
+
+/// Encodes the header of segment `number`.
+pub(crate) fn encode_header(number: u64) -> [u8; SEGMENT_HEADER_LEN] {
+    let mut header = [0; SEGMENT_HEADER_LEN];
+    header[MAGIC_OFFSET..MAGIC_OFFSET + 8].copy_from_slice(&SEGMENT_MAGIC);
+    header[VERSION_OFFSET..VERSION_OFFSET + 2].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header[NUMBER_OFFSET..NUMBER_OFFSET + 8].copy_from_slice(&number.to_le_bytes());
+    let crc = crc32c::crc32c(&header[..HEADER_CRC_OFFSET]);
+    header[HEADER_CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
+    header
+}
+
+/// Checks that `bytes` start with a valid header for segment `number`; `Err` says why not.
+pub(crate) fn check_header(bytes: &[u8], number: u64) -> Result<(), String> {
+    if bytes.len() < SEGMENT_HEADER_LEN {
+        return Err(format!("segment header truncated to {} bytes", bytes.len()));
+    }
+    if bytes[MAGIC_OFFSET..MAGIC_OFFSET + 8] != SEGMENT_MAGIC {
+        return Err("not a procflow WAL segment (bad magic)".into());
+    }
+    let mut crc = [0; 4];
+    crc.copy_from_slice(&bytes[HEADER_CRC_OFFSET..SEGMENT_HEADER_LEN]);
+    if crc32c::crc32c(&bytes[..HEADER_CRC_OFFSET]) != u32::from_le_bytes(crc) {
+        return Err("segment header checksum mismatch".into());
+    }
+    let version = u16::from_le_bytes([bytes[VERSION_OFFSET], bytes[VERSION_OFFSET + 1]]);
+    if version != FORMAT_VERSION {
+        return Err(format!(
+            "unsupported format version {version} (this build reads {FORMAT_VERSION})"
+        ));
+    }
+    let mut found = [0; 8];
+    found.copy_from_slice(&bytes[NUMBER_OFFSET..NUMBER_OFFSET + 8]);
+    let found = u64::from_le_bytes(found);
+    if found != number {
+        return Err(format!(
+            "header names segment {found} but the file name says {number}"
+        ));
+    }
+    Ok(())
+}
+
+/// Creates segment `number` in `dir` atomically: the header is written to a temporary
+/// file, made durable, renamed into place, and the rename made durable (unless `sync` is
+/// false). Returns the file opened for appending.
+pub(crate) fn create(
+    backend: &dyn IoBackend,
+    dir: &Path,
+    number: u64,
+    sync: bool,
+) -> Result<Arc<dyn LogFile>, StoreError> {
+    let final_path = path(dir, number);
+    let tmp_path = dir.join(format!("{}{TMP_SUFFIX}", file_name(number)));
+    let file = backend
+        .create_file(&tmp_path)
+        .map_err(|e| StoreError::io("creating a segment", &tmp_path, e))?;
+    file.append(&encode_header(number))
+        .map_err(|e| StoreError::io("writing a segment header", &tmp_path, e))?;
+    if sync {
+        file.sync_data()
+            .map_err(|e| StoreError::io("syncing a new segment", &tmp_path, e))?;
+    }
+    backend
+        .rename(&tmp_path, &final_path)
+        .map_err(|e| StoreError::io("renaming a new segment", &final_path, e))?;
+    if sync {
+        backend
+            .sync_dir(dir)
+            .map_err(|e| StoreError::io("syncing the store directory", dir, e))?;
+    }
+    Ok(file)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for n in [0, 1, 0xdead_beef, u64::MAX] {
+            assert_eq!(parse_file_name(&file_name(n)), Some(n));
+        }
+        assert_eq!(parse_file_name("segment-1.wal"), None);
+        assert_eq!(parse_file_name("segment-000000000000000g.wal"), None);
+        assert_eq!(parse_file_name("LOCK"), None);
+    }
+
+    #[test]
+    fn header_round_trip_and_checks() {
+        let header = encode_header(5);
+        assert_eq!(check_header(&header, 5), Ok(()));
+        assert!(check_header(&header, 6).unwrap_err().contains("file name"));
+        assert!(check_header(&header[..31], 5).is_err());
+        for bit in 0..SEGMENT_HEADER_LEN * 8 {
+            let mut damaged = header;
+            damaged[bit / 8] ^= 1 << (bit % 8);
+            assert!(check_header(&damaged, 5).is_err(), "bit {bit} undetected");
+        }
+    }
+}

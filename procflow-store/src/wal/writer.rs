@@ -1,0 +1,149 @@
+//! The segment writer: appends encoded records to the active segment, rolls to a new
+//! segment at [`WalConfig::segment_size`](crate::WalConfig::segment_size), and removes
+//! segments compaction has emptied.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::segment::{self, SEGMENT_HEADER_LEN};
+use crate::error::StoreError;
+use crate::io::{IoBackend, LogFile};
+
+/// A segment file that is part of the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SegmentInfo {
+    /// The number in the file name.
+    pub(crate) number: u64,
+    /// Bytes in the file, header included.
+    pub(crate) len: u64,
+}
+
+/// Appends to the log. All errors are I/O errors after which the log's state on disk is
+/// unknown: the caller must poison the store.
+pub(crate) struct Writer {
+    backend: Arc<dyn IoBackend>,
+    dir: PathBuf,
+    segment_size: u64,
+    sync: bool,
+    /// Every segment, oldest first; the last one is active.
+    segments: Vec<SegmentInfo>,
+    active: Arc<dyn LogFile>,
+    next_seq: u64,
+    /// Record bytes appended since open, across segments: the group commit's clock.
+    position: u64,
+    /// Position up to which the writer itself synced (at rolls and compaction).
+    durable_through: u64,
+}
+
+impl Writer {
+    pub(crate) fn new(
+        backend: Arc<dyn IoBackend>,
+        dir: &Path,
+        segment_size: u64,
+        sync: bool,
+        segments: Vec<SegmentInfo>,
+        active: Arc<dyn LogFile>,
+        next_seq: u64,
+    ) -> Self {
+        debug_assert!(!segments.is_empty());
+        Writer {
+            backend,
+            dir: dir.to_path_buf(),
+            segment_size,
+            sync,
+            segments,
+            active,
+            next_seq,
+            position: 0,
+            durable_through: 0,
+        }
+    }
+
+    /// The sequence number the next record must carry.
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
+    pub(crate) fn position(&self) -> u64 {
+        self.position
+    }
+
+    pub(crate) fn durable_through(&self) -> u64 {
+        self.durable_through
+    }
+
+    pub(crate) fn segments(&self) -> &[SegmentInfo] {
+        &self.segments
+    }
+
+    fn active_info(&self) -> SegmentInfo {
+        self.segments[self.segments.len() - 1]
+    }
+
+    fn active_path(&self) -> PathBuf {
+        segment::path(&self.dir, self.active_info().number)
+    }
+
+    /// What the group commit's syncer needs: the active file, the position that syncing it
+    /// makes durable, and its path for error messages.
+    pub(crate) fn sync_target(&self) -> (Arc<dyn LogFile>, u64, PathBuf) {
+        (self.active.clone(), self.position, self.active_path())
+    }
+
+    /// Appends one encoded record carrying sequence number [`Writer::next_seq`], rolling
+    /// first if it would overflow the active segment. Returns the segment it landed in.
+    pub(crate) fn write(&mut self, record: &[u8]) -> Result<u64, StoreError> {
+        let len = record.len() as u64;
+        let active = self.active_info();
+        if active.len > SEGMENT_HEADER_LEN as u64 && active.len + len > self.segment_size {
+            self.roll()?;
+        }
+        self.active
+            .append(record)
+            .map_err(|e| StoreError::io("appending a record", self.active_path(), e))?;
+        let last = self.segments.len() - 1;
+        self.segments[last].len += len;
+        self.position += len;
+        self.next_seq += 1;
+        Ok(self.segments[last].number)
+    }
+
+    /// Syncs the active segment, then starts the next one.
+    fn roll(&mut self) -> Result<(), StoreError> {
+        self.sync_active()?;
+        let number = self.active_info().number + 1;
+        self.active = segment::create(self.backend.as_ref(), &self.dir, number, self.sync)?;
+        self.segments.push(SegmentInfo {
+            number,
+            len: SEGMENT_HEADER_LEN as u64,
+        });
+        Ok(())
+    }
+
+    /// Makes everything written so far durable.
+    pub(crate) fn sync_active(&mut self) -> Result<(), StoreError> {
+        if self.sync {
+            self.active
+                .sync_data()
+                .map_err(|e| StoreError::io("syncing a segment", self.active_path(), e))?;
+        }
+        self.durable_through = self.position;
+        Ok(())
+    }
+
+    /// Deletes a closed segment and makes the deletion durable.
+    pub(crate) fn remove_segment(&mut self, number: u64) -> Result<(), StoreError> {
+        debug_assert_ne!(number, self.active_info().number);
+        let path = segment::path(&self.dir, number);
+        self.backend
+            .remove_file(&path)
+            .map_err(|e| StoreError::io("removing a compacted segment", &path, e))?;
+        if self.sync {
+            self.backend
+                .sync_dir(&self.dir)
+                .map_err(|e| StoreError::io("syncing the store directory", &self.dir, e))?;
+        }
+        self.segments.retain(|s| s.number != number);
+        Ok(())
+    }
+}

@@ -1,0 +1,270 @@
+//! `WalStore` scenarios, each run on the real file system and on the in-memory backend.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{Env, prefix_states, small_segments, workload};
+use procflow_store::{Batch, Record, Store, StoreError, SyncMode, WalConfig, WalStore};
+
+#[tokio::test]
+async fn passes_the_store_contract() {
+    for env in Env::all() {
+        let config = WalConfig::default();
+        common::contract::run_all(|| {
+            Arc::new(env.open_at(&env.fresh_dir(), config.clone()).unwrap()) as Arc<dyn Store>
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn reopen_restores_records_meta_and_fencing_token() {
+    for env in Env::all() {
+        let batches = workload(23, 10);
+        let expected = prefix_states(&batches).await;
+        let store = env.open(WalConfig::default()).unwrap();
+        for batch in &batches {
+            store.commit(batch.clone()).await.unwrap();
+        }
+        store.close().await.unwrap();
+        let store = env.open(WalConfig::default()).unwrap();
+        assert_eq!(store.load().await.unwrap(), expected[23], "{}", env.name);
+        // workload() fenced batch 21 with token 21.
+        let err = store
+            .commit(Batch::new().with_fencing_token(20))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::Fenced {
+                    token: 20,
+                    highest: 21
+                }
+            ),
+            "{}: {err}",
+            env.name
+        );
+        store
+            .commit(Batch::new().with_fencing_token(21))
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_second_opener_is_locked_out_until_close() {
+    for env in Env::all() {
+        let store = env.open(WalConfig::default()).unwrap();
+        let err = env.open(WalConfig::default()).unwrap_err();
+        assert!(
+            matches!(err, StoreError::Locked { .. }),
+            "{}: {err}",
+            env.name
+        );
+        assert!(
+            err.to_string()
+                .contains("another process has the store open")
+        );
+        store.close().await.unwrap();
+        let again = env.open(WalConfig::default()).unwrap();
+        drop(again);
+        drop(store);
+        env.open(WalConfig::default()).unwrap();
+    }
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn files_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::fs();
+    let store = env.open(WalConfig::default()).unwrap();
+    store
+        .commit(Batch::new().put(1, None, vec![]))
+        .await
+        .unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&env.dir), 0o700);
+    for entry in std::fs::read_dir(&env.dir).unwrap() {
+        let path = entry.unwrap().path();
+        assert_eq!(mode(&path), 0o600, "{}", path.display());
+    }
+}
+
+#[tokio::test]
+async fn compaction_keeps_disk_use_near_live_data() {
+    const SEGMENT: u64 = 16 * 1024;
+    const VALUE: usize = 512;
+    for env in Env::all() {
+        let store = env.open(small_segments(&env, SEGMENT)).unwrap();
+        // A few procedures that never change...
+        for id in 0..8 {
+            store
+                .commit(Batch::new().put(id, None, vec![id as u8; VALUE]))
+                .await
+                .unwrap();
+        }
+        // ...and heavy churn from others: created, stepped, finished, deleted.
+        for round in 0..600u64 {
+            let id = 100 + round % 20;
+            let batch = match round / 20 % 3 {
+                0 => Batch::new().put(id, Some(1), vec![round as u8; VALUE]),
+                1 => Batch::new().finish(id, vec![round as u8; VALUE]),
+                _ => Batch::new()
+                    .delete(id)
+                    .put_meta("hwm", round.to_le_bytes().to_vec()),
+            };
+            store.commit(batch).await.unwrap();
+            let stats = store.stats();
+            let loaded = store.load().await.unwrap();
+            let live: u64 = loaded
+                .records
+                .iter()
+                .map(|r| r.value.len() as u64 + 64)
+                .chain(
+                    loaded
+                        .meta
+                        .iter()
+                        .map(|(k, v)| (k.len() + v.len()) as u64 + 64),
+                )
+                .sum();
+            assert!(
+                stats.disk_bytes <= 2 * live + SEGMENT,
+                "{}: round {round}: {} disk bytes for {live} live bytes ({stats:?})",
+                env.name,
+                stats.disk_bytes
+            );
+        }
+        let expected = store.load().await.unwrap();
+        store.close().await.unwrap();
+        let reopened = env.open(small_segments(&env, SEGMENT)).unwrap();
+        assert_eq!(reopened.load().await.unwrap(), expected, "{}", env.name);
+        let stats = reopened.stats();
+        assert!(stats.segments <= 4, "{}: {stats:?}", env.name);
+        assert_eq!(env.segments().len(), stats.segments);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_commits_share_fsyncs() {
+    for env in Env::all() {
+        let store = Arc::new(env.open(WalConfig::default()).unwrap());
+        let mut tasks = Vec::new();
+        for writer in 0..32u64 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..10 {
+                    store
+                        .commit(Batch::new().put(writer * 100 + i, None, vec![1; 64]))
+                        .await
+                        .unwrap();
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let stats = store.stats();
+        assert_eq!(stats.commits, 320);
+        if env.name == "fs" {
+            assert!(stats.group_syncs < stats.commits, "{stats:?}");
+        }
+        store.close().await.unwrap();
+        let store = env.open(WalConfig::default()).unwrap();
+        assert_eq!(store.list().await.unwrap().len(), 320, "{}", env.name);
+    }
+}
+
+#[tokio::test]
+async fn torn_tail_is_truncated_and_the_log_goes_on() {
+    for env in Env::all() {
+        let store = env.open(WalConfig::default()).unwrap();
+        store
+            .commit(Batch::new().put(1, None, vec![1; 100]))
+            .await
+            .unwrap();
+        store
+            .commit(Batch::new().put(2, None, vec![2; 100]))
+            .await
+            .unwrap();
+        store.close().await.unwrap();
+        drop(store);
+        let segment = &env.segments()[0];
+        let bytes = env.read(segment);
+        env.write(segment, &bytes[..bytes.len() - 50]);
+        let store = env.open(WalConfig::default()).unwrap();
+        assert_eq!(store.list().await.unwrap().len(), 1, "{}", env.name);
+        store
+            .commit(Batch::new().put(3, None, vec![3]))
+            .await
+            .unwrap();
+        store.close().await.unwrap();
+        drop(store);
+        let store = env.open(WalConfig::default()).unwrap();
+        let ids: Vec<u64> = store.list().await.unwrap().iter().map(|r| r.id).collect();
+        assert_eq!(ids, [1, 3], "{}", env.name);
+    }
+}
+
+#[tokio::test]
+async fn no_sync_mode_still_persists_across_clean_close() {
+    for env in Env::all() {
+        let config = WalConfig {
+            sync: SyncMode::NoSync,
+            ..WalConfig::default()
+        };
+        let store = env.open(config.clone()).unwrap();
+        store
+            .commit(Batch::new().put(1, None, vec![7]))
+            .await
+            .unwrap();
+        store.close().await.unwrap();
+        drop(store);
+        let store = env.open(config).unwrap();
+        assert_eq!(
+            store.get(1).await.unwrap(),
+            Some(Record {
+                id: 1,
+                parent: None,
+                finished: false,
+                value: vec![7]
+            })
+        );
+        assert_eq!(store.stats().group_syncs, 0);
+    }
+}
+
+#[tokio::test]
+async fn large_batches_get_their_own_segment() {
+    for env in Env::all() {
+        let config = small_segments(&env, 4096);
+        let store = env.open(config.clone()).unwrap();
+        store
+            .commit(Batch::new().put(1, None, vec![1; 100]))
+            .await
+            .unwrap();
+        store
+            .commit(Batch::new().put(2, None, vec![2; 10_000]))
+            .await
+            .unwrap();
+        store
+            .commit(Batch::new().put(3, None, vec![3; 100]))
+            .await
+            .unwrap();
+        store.close().await.unwrap();
+        drop(store);
+        let store = WalStore::open_with_backend(
+            &env.dir,
+            config,
+            match env.name {
+                "sim" => Arc::new(env.sim_backend().clone()),
+                _ => Arc::new(procflow_store::io::FsBackend),
+            },
+        )
+        .unwrap();
+        assert_eq!(store.get(2).await.unwrap().unwrap().value.len(), 10_000);
+        assert_eq!(store.list().await.unwrap().len(), 3);
+    }
+}
