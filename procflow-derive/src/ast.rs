@@ -38,6 +38,8 @@ impl<'a> Machine<'a> {
                 "a state machine enum cannot be generic: its states are plain names; put \
                  type parameters on the procedure type instead",
             );
+            // Any code emitted for the enum would need generics it cannot have.
+            return None;
         }
         if variants.is_empty() {
             cx.error_at(

@@ -21,6 +21,9 @@ const STATE_ATTRS: [&str; 6] = [
 pub struct MachineAttrs {
     /// The attribute's path, to place "missing `procedure`" errors on.
     pub attr: Option<Path>,
+    /// Set as soon as the key is seen, even with a malformed value, so "missing
+    /// `procedure`" is not reported on top of the malformed value.
+    pub procedure_key: Option<Path>,
     pub procedure: Option<Type>,
     pub env: Option<Type>,
     pub name: Option<LitStr>,
@@ -71,15 +74,22 @@ pub fn machine_attrs(cx: &Ctxt, attrs: &[Attribute]) -> MachineAttrs {
         let parsed = attr.parse_nested_meta(|meta| {
             let key = &meta.path;
             if key.is_ident("procedure") {
-                set_once(cx, key, &mut out.procedure, parse_type(&meta, "procedure")?);
+                out.procedure_key = Some(key.clone());
+                if let Some(ty) = parse_type(cx, &meta, "procedure")? {
+                    set_once(cx, key, &mut out.procedure, ty);
+                }
             } else if key.is_ident("env") {
-                set_once(cx, key, &mut out.env, parse_type(&meta, "env")?);
+                if let Some(ty) = parse_type(cx, &meta, "env")? {
+                    set_once(cx, key, &mut out.env, ty);
+                }
             } else if key.is_ident("name") {
                 let name = parse_name(cx, &meta)?;
                 set_once(cx, key, &mut out.name, name);
             } else if key.is_ident("max_repeats") {
-                let value = parse_u32(meta.value()?, "max_repeats = 100")?;
-                set_once(cx, key, &mut out.max_repeats, value);
+                match parse_u32(meta.value()?, "max_repeats = 100")? {
+                    Ok(value) => set_once(cx, key, &mut out.max_repeats, value),
+                    Err(error) => cx.push(error),
+                }
             } else {
                 cx.error_at(
                     key,
@@ -161,8 +171,10 @@ fn transition(cx: &Ctxt, attr: &Attribute) -> Transition {
         complete: false,
     };
     let mut seen_to = false;
+    let mut seen_unknown = false;
     let parsed = attr.parse_nested_meta(|meta| {
         if !meta.path.is_ident("to") {
+            seen_unknown = true;
             cx.error_at(
                 &meta.path,
                 format_args!(
@@ -186,7 +198,8 @@ fn transition(cx: &Ctxt, attr: &Attribute) -> Transition {
         Ok(())
     });
     match parsed {
-        Ok(()) if seen_to => out.complete = true,
+        Ok(()) if seen_to => out.complete = !seen_unknown,
+        Ok(()) if seen_unknown => {}
         Ok(()) => cx.error_at(
             &attr.meta,
             "expected the target states: `#[transition(to = [A, B])]`",
@@ -196,14 +209,26 @@ fn transition(cx: &Ctxt, attr: &Attribute) -> Transition {
     out
 }
 
-fn parse_type(meta: &syn::meta::ParseNestedMeta<'_>, key: &str) -> syn::Result<Type> {
+/// A type after `key =`. A string in its place is recorded (and consumed) so the other
+/// keys are still read.
+fn parse_type(
+    cx: &Ctxt,
+    meta: &syn::meta::ParseNestedMeta<'_>,
+    key: &str,
+) -> syn::Result<Option<Type>> {
     let value = meta.value()?;
     if value.peek(LitStr) {
-        return Err(value.error(format_args!(
-            "write the type itself, not a string: `{key} = MyType`"
-        )));
+        let lit: LitStr = value.parse()?;
+        cx.error_at(
+            &lit,
+            format_args!(
+                "write the type itself, not a string: `{key} = {}`",
+                lit.value()
+            ),
+        );
+        return Ok(None);
     }
-    value.parse()
+    value.parse().map(Some)
 }
 
 fn parse_name(cx: &Ctxt, meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<LitStr> {
@@ -220,13 +245,20 @@ fn parse_name(cx: &Ctxt, meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<L
     Ok(name)
 }
 
-fn parse_u32(input: ParseStream<'_>, example: &str) -> syn::Result<u32> {
-    match input.parse::<LitInt>() {
-        Ok(lit) => lit_u32(&lit, example),
-        Err(_) => Err(input.error(format_args!(
-            "expected a number of repeats, like `{example}`"
-        ))),
-    }
+/// A number after `=`. The outer `Result` is a parse failure that stops the attribute; the
+/// inner one a wrong value, consumed so parsing goes on.
+fn parse_u32(input: ParseStream<'_>, example: &str) -> syn::Result<syn::Result<u32>> {
+    let expr: syn::Expr = input.parse()?;
+    Ok(match &expr {
+        syn::Expr::Lit(syn::ExprLit {
+            lit: syn::Lit::Int(lit),
+            ..
+        }) => lit_u32(lit, example),
+        _ => Err(syn::Error::new_spanned(
+            &expr,
+            format_args!("expected a number of repeats, like `{example}`"),
+        )),
+    })
 }
 
 fn lit_u32(lit: &LitInt, example: &str) -> syn::Result<u32> {

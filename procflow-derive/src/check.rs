@@ -21,14 +21,14 @@ pub fn check(cx: &Ctxt, machine: &Machine<'_>) {
     // The graph checks would repeat earlier mistakes as noise (a misspelt target makes its
     // state look unreachable), so they run only on an otherwise sound graph.
     if graph_is_sound(machine) {
-        check_all_reachable(cx, machine);
-        check_all_can_terminate(cx, machine);
+        let reachable = check_all_reachable(cx, machine);
+        check_all_can_terminate(cx, machine, &reachable);
     }
 }
 
 // `#[state_machine(procedure = ..)]` names the struct that implements the handlers.
 fn check_procedure_given(cx: &Ctxt, machine: &Machine<'_>) {
-    if machine.attrs.procedure.is_some() {
+    if machine.attrs.procedure_key.is_some() {
         return;
     }
     let message = "missing the procedure type: add `#[state_machine(procedure = MyProcedure)]`, \
@@ -225,11 +225,15 @@ fn graph_is_sound(machine: &Machine<'_>) -> bool {
         s.attrs.transition.as_ref().is_none_or(|t| t.complete)
             && s.targets().iter().all(|t| machine.state(t).is_some())
     });
-    one_initial && targets_complete && machine.states.iter().any(State::is_terminal)
+    let steps_have_transitions = machine.steps().all(|s| s.attrs.transition.is_some());
+    one_initial
+        && targets_complete
+        && steps_have_transitions
+        && machine.states.iter().any(State::is_terminal)
 }
 
-// Every state can be reached from the initial state.
-fn check_all_reachable(cx: &Ctxt, machine: &Machine<'_>) {
+// Every state can be reached from the initial state. Returns the reachable ones.
+fn check_all_reachable(cx: &Ctxt, machine: &Machine<'_>) -> BTreeSet<usize> {
     let initial = machine
         .states
         .iter()
@@ -251,17 +255,19 @@ fn check_all_reachable(cx: &Ctxt, machine: &Machine<'_>) {
             );
         }
     }
+    reached
 }
 
-// From every state some terminal state can be reached: a loop must have an exit.
-fn check_all_can_terminate(cx: &Ctxt, machine: &Machine<'_>) {
+// From every reachable state some terminal state can be reached: a loop must have an exit.
+// (An unreachable state is already reported as such.)
+fn check_all_can_terminate(cx: &Ctxt, machine: &Machine<'_>, reachable: &BTreeSet<usize>) {
     let terminals = (0..machine.states.len())
         .filter(|&i| machine.states[i].is_terminal())
         .collect();
     // Walk the edges backwards from the terminal states.
     let finishing = closure(machine, terminals, |from, to| (to, from));
     for (i, state) in machine.states.iter().enumerate() {
-        if !finishing.contains(&i) {
+        if reachable.contains(&i) && !finishing.contains(&i) {
             cx.error_at(
                 state.ident,
                 format_args!(

@@ -77,15 +77,18 @@ fn target_enum(machine: &Machine<'_>, state: &State<'_>) -> TokenStream {
     }
 }
 
-/// The declared targets that are states (all of them in a sound machine).
+/// The declared targets that are states, each once (all of them in a sound machine; the
+/// fallback also goes through here after a misspelt or repeated target).
 fn known_targets<'m>(
     machine: &'m Machine<'_>,
     state: &'m State<'_>,
 ) -> impl Iterator<Item = &'m syn::Ident> {
-    state
-        .targets()
+    let targets = state.targets();
+    targets
         .iter()
-        .filter(|t| machine.state(t).is_some())
+        .enumerate()
+        .filter(|(i, t)| machine.state(t).is_some() && !targets[..*i].contains(t))
+        .map(|(_, t)| t)
 }
 
 /// `trait CreateTableStateHandlers { fn prepare(..) -> impl Future<..>; .. }`
@@ -109,7 +112,7 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
             "Executes state `{ident}`; moves to {}.",
             list(state.targets().iter())
         );
-        quote! {
+        let tokens = quote! {
             #[doc = #doc]
             fn #method(
                 &mut self,
@@ -117,7 +120,8 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
             ) -> impl ::core::future::Future<
                 Output = ::procflow::__private::Step<#module::#ident>,
             > + ::core::marker::Send #stub_or_semi
-        }
+        };
+        (method.to_string(), tokens)
     });
     let rollback = machine
         .steps()
@@ -126,7 +130,7 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
             let ident = state.ident;
             let method = names::rollback_method(ident);
             let doc = format!("Undoes what state `{ident}` did, during a rollback.");
-            quote! {
+            let tokens = quote! {
                 #[doc = #doc]
                 fn #method(
                     &mut self,
@@ -134,13 +138,21 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
                 ) -> impl ::core::future::Future<
                     Output = ::core::result::Result<(), ::procflow::__private::Error>,
                 > + ::core::marker::Send #stub_or_semi
-            }
+            };
+            (method.to_string(), tokens)
         });
+    // In a sound machine the names are unique; after a collision the fallback keeps one.
+    let mut seen = Vec::new();
+    let methods = execute.chain(rollback).filter(|(name, _)| {
+        let fresh = !seen.contains(name);
+        seen.push(name.clone());
+        fresh
+    });
+    let methods = methods.map(|(_, tokens)| tokens);
     quote! {
         #[doc = #doc]
         #vis trait #trait_ident: ::core::marker::Send {
-            #(#execute)*
-            #(#rollback)*
+            #(#methods)*
         }
     }
 }
@@ -181,7 +193,8 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
         .map(|s| rollback_arm(procedure, &trait_ident, s));
     // The bound fails (once, on the user's `procedure = X` token) when X does not
     // implement the handlers; the assoc-type bounds report a missing Serialize there too.
-    let bound = quote_spanned!(procedure.span()=> #procedure: #trait_ident);
+    let bound_trait = syn::Ident::new(&trait_ident.to_string(), procedure.span());
+    let bound = quote_spanned!(procedure.span()=> #procedure: #bound_trait);
     let procedure_assoc = quote_spanned!(procedure.span()=> type Procedure = #procedure;);
     quote! {
         #[automatically_derived]

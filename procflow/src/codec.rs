@@ -10,6 +10,7 @@
 //! The machine name comes first so a registry can read it ([`machine_name`]) without
 //! knowing the machine's types. docs/FORMAT.md describes every field.
 
+use crate::cursor::Repr;
 use crate::{Cursor, StateMachine};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -44,6 +45,16 @@ pub enum CodecError {
         expected: &'static str,
         /// The machine named in the snapshot.
         found: String,
+    },
+    /// The snapshot is at (or went through) a state the machine no longer has.
+    #[error(
+        "`{state}` is not a state of machine `{machine}` (was the variant renamed or removed?)"
+    )]
+    UnknownState {
+        /// The machine's stable name.
+        machine: &'static str,
+        /// The state name found in the snapshot.
+        state: String,
     },
     /// The bytes are damaged, or the data no longer matches the procedure type.
     #[error("cannot read snapshot of machine `{machine}`: {source}")]
@@ -111,7 +122,11 @@ pub fn decode<M: StateMachine>(bytes: &[u8]) -> Result<(M::Procedure, Cursor<M>)
         source,
     };
     let (_, rest) = postcard::take_from_bytes::<NameOnly<'_>>(bytes).map_err(error)?;
-    let (cursor, rest) = postcard::take_from_bytes::<Cursor<M>>(rest).map_err(error)?;
+    let (repr, rest) = postcard::take_from_bytes::<Repr<'_>>(rest).map_err(error)?;
+    let cursor = Cursor::from_repr(&repr).map_err(|state| CodecError::UnknownState {
+        machine: M::NAME,
+        state,
+    })?;
     let procedure = postcard::from_bytes(rest).map_err(error)?;
     Ok((procedure, cursor))
 }

@@ -232,7 +232,7 @@ impl<M: StateMachine> Cursor<M> {
 
 /// The persisted form: the same fields with states as names.
 #[derive(Serialize, Deserialize)]
-struct Repr<'a> {
+pub(crate) struct Repr<'a> {
     #[serde(borrow)]
     state: Cow<'a, str>,
     steps: u64,
@@ -257,17 +257,11 @@ impl<M: StateMachine> Serialize for Cursor<M> {
     }
 }
 
-impl<'de, M: StateMachine> Deserialize<'de> for Cursor<M> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let repr = Repr::deserialize(deserializer)?;
-        let state = |name: &str| {
-            M::from_name(name).ok_or_else(|| {
-                D::Error::custom(format_args!(
-                    "`{name}` is not a state of machine `{}` (was the variant renamed or removed?)",
-                    M::NAME
-                ))
-            })
-        };
+impl<M: StateMachine> Cursor<M> {
+    /// Resolves the names of a persisted cursor; `Err` carries a name that is not a state
+    /// of `M` (a variant renamed or removed since the procedure was stored).
+    pub(crate) fn from_repr(repr: &Repr<'_>) -> Result<Self, String> {
+        let state = |name: &str| M::from_name(name).ok_or_else(|| name.to_owned());
         Ok(Self {
             state: state(&repr.state)?,
             steps: repr.steps,
@@ -280,8 +274,20 @@ impl<'de, M: StateMachine> Deserialize<'de> for Cursor<M> {
                 .entries
                 .iter()
                 .map(|(n, count)| Ok((state(n)?, *count)))
-                .collect::<Result<_, D::Error>>()?,
-            phase: repr.phase,
+                .collect::<Result<_, String>>()?,
+            phase: repr.phase.clone(),
+        })
+    }
+}
+
+impl<'de, M: StateMachine> Deserialize<'de> for Cursor<M> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let repr = Repr::deserialize(deserializer)?;
+        Self::from_repr(&repr).map_err(|name| {
+            D::Error::custom(format_args!(
+                "`{name}` is not a state of machine `{}` (was the variant renamed or removed?)",
+                M::NAME
+            ))
         })
     }
 }

@@ -124,6 +124,11 @@ impl<M: StateMachine> Stepper<M> {
         &self.procedure
     }
 
+    /// The shared environment.
+    pub fn env(&self) -> &M::Env {
+        self.ctx.env()
+    }
+
     /// The procedure's position.
     pub fn cursor(&self) -> &Cursor<M> {
         &self.cursor

@@ -1,0 +1,19 @@
+use procflow::prelude::*;
+
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Job)]
+enum JobState {
+    #[initial]
+    #[transition(to = [RollbackStart])]
+    #[rollback]
+    Start,
+    #[transition(to = [Done])]
+    RollbackStart,
+    #[terminal]
+    Done,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Job;
+
+fn main() {}
