@@ -81,6 +81,17 @@ impl Env {
         }
     }
 
+    /// Creates (or replaces) `path` with `bytes`.
+    pub fn put_file(&self, path: &Path, bytes: &[u8]) {
+        self.backend.create_dir_all(path.parent().unwrap()).unwrap();
+        let _ = self.backend.remove_file(path);
+        self.backend
+            .create_file(path)
+            .unwrap()
+            .append(bytes)
+            .unwrap();
+    }
+
     /// Segment files in the store directory, oldest first.
     pub fn segments(&self) -> Vec<PathBuf> {
         let mut names: Vec<String> = self
