@@ -225,6 +225,38 @@ mod tests {
         }
     }
 
+    /// Pins the payload encoding documented in docs/FORMAT.md.
+    #[test]
+    fn payload_encoding_matches_format_md() {
+        let changes = [
+            Change::Put {
+                id: 1,
+                parent: Some(2),
+                finished: true,
+                value: vec![9],
+            },
+            Change::Delete { id: 300 },
+            Change::PutMeta {
+                key: "k".into(),
+                value: vec![],
+            },
+            Change::DeleteMeta { key: "k".into() },
+        ];
+        let bytes = encode(KIND_BATCH, 1, None, &changes).unwrap();
+        assert_eq!(
+            &bytes[RECORD_HEADER_LEN..],
+            [
+                4, // four changes
+                0, 1, 1, 2, 1, 1, 9, // Put
+                1, 0xac, 0x02, // Delete 300
+                2, 1, b'k', 0, // PutMeta
+                3, 1, b'k', // DeleteMeta
+            ]
+        );
+        assert_eq!(bytes[..4], [RECORD_MARKER, KIND_BATCH, 0, 0]);
+        assert_eq!(bytes[4..8], 18u32.to_le_bytes());
+    }
+
     #[test]
     fn garbage_payload_is_an_error_not_a_panic() {
         assert!(decode_payload(&[0xff; 16]).is_err());
