@@ -1,0 +1,1 @@
+//! Hierarchical shared/exclusive locks on entity keys (being written).
