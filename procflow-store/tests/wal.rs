@@ -122,7 +122,7 @@ async fn compaction_keeps_disk_use_near_live_data() {
             let live: u64 = loaded
                 .records
                 .iter()
-                .map(|r| r.value.len() as u64 + 64)
+                .map(|r| r.value.len() as u64)
                 .chain(
                     loaded
                         .meta
@@ -266,5 +266,51 @@ async fn large_batches_get_their_own_segment() {
         .unwrap();
         assert_eq!(store.get(2).await.unwrap().unwrap().value.len(), 10_000);
         assert_eq!(store.list().await.unwrap().len(), 3);
+    }
+}
+
+#[tokio::test]
+async fn fencing_token_survives_compaction_of_its_segment() {
+    for env in Env::all() {
+        let config = small_segments(&env, 2048);
+        let store = env.open(config.clone()).unwrap();
+        store
+            .commit(
+                Batch::new()
+                    .put(1, None, vec![1; 10])
+                    .with_fencing_token(50),
+            )
+            .await
+            .unwrap();
+        for round in 0..200u64 {
+            store
+                .commit(Batch::new().put(2, None, vec![round as u8; 300]))
+                .await
+                .unwrap();
+        }
+        store.close().await.unwrap();
+        drop(store);
+        assert!(
+            !env.segments()[0].ends_with("segment-0000000000000001.wal"),
+            "{}: the first segment was not compacted away",
+            env.name
+        );
+        let store = env.open(config).unwrap();
+        let err = store
+            .commit(Batch::new().with_fencing_token(49))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                StoreError::Fenced {
+                    token: 49,
+                    highest: 50
+                }
+            ),
+            "{}: {err}",
+            env.name
+        );
+        assert_eq!(store.get(1).await.unwrap().unwrap().value, vec![1; 10]);
     }
 }
