@@ -1,10 +1,10 @@
 //! `#[derive(StateMachine)]` for [procflow](https://docs.rs/procflow): use it through
 //! `procflow::StateMachine`, whose documentation lists the attributes with examples.
 //!
-//! The derive reads top-down: [`ast`] models the input (with [`attr`] parsing the
-//! attributes), [`check`] enforces the machine's rules, [`expand`] emits the code, and
-//! [`fallback`] emits what keeps the user's code compiling when there were errors. Every
-//! mistake is collected in a [`ctxt::Ctxt`] and reported at once.
+//! The derive reads top-down: `ast` models the input (with `attr` parsing the
+//! attributes), `check` enforces the machine's rules, `expand` emits the code, and
+//! `fallback` emits what keeps the user's code compiling when there were errors. Every
+//! mistake is collected in a `ctxt::Ctxt` and reported at once.
 
 mod ast;
 mod attr;

@@ -85,6 +85,7 @@ pub mod diagram;
 mod error;
 mod flow;
 mod id;
+mod instance;
 pub mod locks;
 mod machine;
 mod stepper;

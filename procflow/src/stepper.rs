@@ -1,7 +1,8 @@
 //! A tiny in-memory driver: runs one procedure step by step, with no store and no
 //! executor. For unit tests of handlers and for exploring a machine.
 
-use crate::{Child, Context, Cursor, Error, Flow, Phase, ProcedureId, StateMachine};
+use crate::instance::{Instance, Progress};
+use crate::{Child, Context, Cursor, Error, Phase, ProcedureId, StateMachine};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -86,8 +87,7 @@ pub enum StepReport<M> {
 /// # });
 /// ```
 pub struct Stepper<M: StateMachine> {
-    procedure: M::Procedure,
-    cursor: Cursor<M>,
+    instance: Instance<M>,
     ctx: Context<M::Env>,
     retries: u32,
     failures_in_a_row: u32,
@@ -104,8 +104,7 @@ impl<M: StateMachine> Stepper<M> {
     /// [`codec::decode`](crate::codec::decode)).
     pub fn resume(procedure: M::Procedure, cursor: Cursor<M>, env: Arc<M::Env>) -> Self {
         Self {
-            procedure,
-            cursor,
+            instance: Instance { procedure, cursor },
             ctx: Context::new(ProcedureId::new(0), env),
             retries: 3,
             failures_in_a_row: 0,
@@ -121,7 +120,7 @@ impl<M: StateMachine> Stepper<M> {
 
     /// The procedure's data.
     pub fn procedure(&self) -> &M::Procedure {
-        &self.procedure
+        &self.instance.procedure
     }
 
     /// The shared environment.
@@ -131,21 +130,39 @@ impl<M: StateMachine> Stepper<M> {
 
     /// The procedure's position.
     pub fn cursor(&self) -> &Cursor<M> {
-        &self.cursor
+        &self.instance.cursor
     }
 
     /// Takes the procedure's data and position back.
     pub fn into_parts(self) -> (M::Procedure, Cursor<M>) {
-        (self.procedure, self.cursor)
+        (self.instance.procedure, self.instance.cursor)
     }
 
     /// Runs one step: the current state's execute handler while running, the next
     /// rollback handler while rolling back.
     pub async fn step(&mut self) -> StepReport<M> {
-        match self.cursor.phase() {
-            Phase::Running => self.execute().await,
-            Phase::RollingBack { .. } => self.undo().await,
-            _ => StepReport::Finished,
+        let from = self.instance.cursor.state();
+        match self.instance.step(&self.ctx).await {
+            Progress::Moved { from } => StepReport::Moved {
+                from,
+                to: self.instance.cursor.state(),
+            },
+            Progress::Spawned(children) => StepReport::Spawned {
+                children,
+                to: self.instance.cursor.state(),
+            },
+            Progress::Suspended { event, timeout } => StepReport::Suspended { event, timeout },
+            Progress::Yielded => StepReport::Yielded,
+            Progress::RolledBack(state) => StepReport::RolledBack(state),
+            Progress::Finished => StepReport::Finished,
+            Progress::Failed(error) if self.rolling_back() => StepReport::RetryLater(error),
+            Progress::Failed(error) => {
+                debug_assert_eq!(from, self.instance.cursor.state());
+                match self.instance.fail_forward(error.clone(), false) {
+                    Ok(()) => StepReport::RollbackStarted(error),
+                    Err(error) => StepReport::RetryLater(error),
+                }
+            }
         }
     }
 
@@ -157,11 +174,15 @@ impl<M: StateMachine> Stepper<M> {
     pub async fn run(&mut self) -> &Phase {
         loop {
             match self.step().await {
-                StepReport::Finished => return self.cursor.phase(),
+                StepReport::Finished => return self.instance.cursor.phase(),
                 StepReport::RetryLater(error) => self.after_failure(error),
                 _ => self.failures_in_a_row = 0,
             }
         }
+    }
+
+    fn rolling_back(&self) -> bool {
+        matches!(self.instance.cursor.phase(), Phase::RollingBack { .. })
     }
 
     fn after_failure(&mut self, error: Error) {
@@ -170,57 +191,14 @@ impl<M: StateMachine> Stepper<M> {
             return;
         }
         self.failures_in_a_row = 0;
-        match self.cursor.phase().clone() {
-            Phase::RollingBack { cause } => self.cursor.fail(cause),
-            _ if self.cursor.past_point_of_no_return() => self.cursor.fail(error),
-            _ => self.cursor.start_rollback(error.into_fatal()),
-        }
-    }
-
-    async fn execute(&mut self) -> StepReport<M> {
-        let from = self.cursor.state();
-        let flow = match from
-            .execute_from_state(&mut self.procedure, &self.ctx)
-            .await
-        {
-            Ok(flow) => flow,
-            Err(error) => return self.failed(error),
-        };
-        match flow {
-            Flow::Next(to) => self.moved(to, |to| StepReport::Moved { from, to }),
-            Flow::Spawn { children, then } => {
-                self.moved(then, |to| StepReport::Spawned { children, to })
+        let cursor = &mut self.instance.cursor;
+        match cursor.phase().clone() {
+            Phase::RollingBack { cause } => cursor.fail(cause),
+            _ => {
+                if let Err(error) = self.instance.fail_forward(error, true) {
+                    self.instance.cursor.fail(error);
+                }
             }
-            Flow::Suspend { event, timeout } => StepReport::Suspended { event, timeout },
-            Flow::Yield => StepReport::Yielded,
-        }
-    }
-
-    fn moved(&mut self, to: M, report: impl FnOnce(M) -> StepReport<M>) -> StepReport<M> {
-        match self.cursor.advance(to) {
-            Ok(()) => report(to),
-            Err(cycle) => self.failed(cycle),
-        }
-    }
-
-    fn failed(&mut self, error: Error) -> StepReport<M> {
-        if error.is_retryable() || self.cursor.past_point_of_no_return() {
-            return StepReport::RetryLater(error);
-        }
-        self.cursor.start_rollback(error.clone());
-        StepReport::RollbackStarted(error)
-    }
-
-    async fn undo(&mut self) -> StepReport<M> {
-        let Some(state) = self.cursor.pending_rollback() else {
-            return StepReport::Finished;
-        };
-        match state.rollback_state(&mut self.procedure, &self.ctx).await {
-            Ok(()) => {
-                self.cursor.rolled_back();
-                StepReport::RolledBack(state)
-            }
-            Err(error) => StepReport::RetryLater(error),
         }
     }
 }
