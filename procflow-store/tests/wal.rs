@@ -150,6 +150,10 @@ async fn compaction_keeps_disk_use_near_live_data() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_commits_share_fsyncs() {
     for env in Env::all() {
+        if env.name == "sim" {
+            env.sim_backend()
+                .set_sync_delay(std::time::Duration::from_millis(2));
+        }
         let store = Arc::new(env.open(WalConfig::default()).unwrap());
         let mut tasks = Vec::new();
         for writer in 0..32u64 {
@@ -168,8 +172,10 @@ async fn concurrent_commits_share_fsyncs() {
         }
         let stats = store.stats();
         assert_eq!(stats.commits, 320);
-        if env.name == "fs" {
-            assert!(stats.group_syncs < stats.commits, "{stats:?}");
+        // On the real file system fsync may be nearly free (tmpfs), so sharing is only
+        // asserted where syncs take time.
+        if env.name == "sim" {
+            assert!(stats.group_syncs * 2 < stats.commits, "{stats:?}");
         }
         store.close().await.unwrap();
         let store = env.open(WalConfig::default()).unwrap();

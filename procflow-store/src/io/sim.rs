@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use super::{DirLock, IoBackend, LogFile};
 
@@ -31,6 +32,7 @@ struct SimFs {
     syncs: u64,
     crash_at: Option<u64>,
     crashed: bool,
+    sync_delay: Duration,
 }
 
 #[derive(Clone, Default)]
@@ -82,6 +84,12 @@ impl SimBackend {
 
     fn lock(&self) -> MutexGuard<'_, SimFs> {
         self.fs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes every file sync take `delay`, like a real disk, so that concurrent commits
+    /// have a chance to share it. Default: no delay.
+    pub fn set_sync_delay(&self, delay: Duration) {
+        self.lock().sync_delay = delay;
     }
 
     /// How many syncs (file and directory) were attempted so far.
@@ -186,10 +194,17 @@ impl LogFile for SimFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
+        let (snapshot, delay) = {
+            let mut fs = self.lock();
+            fs.begin_sync()?;
+            (fs.inodes[self.inode].live.clone(), fs.sync_delay)
+        };
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
         let mut fs = self.lock();
-        fs.begin_sync()?;
-        let inode = &mut fs.inodes[self.inode];
-        inode.durable = inode.live.clone();
+        fs.check()?;
+        fs.inodes[self.inode].durable = snapshot;
         Ok(())
     }
 
