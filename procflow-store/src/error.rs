@@ -63,6 +63,12 @@ pub enum StoreError {
     /// The store has been closed with [`Store::close`](crate::Store::close).
     #[error("the store is closed")]
     Closed,
+    /// A batch could not be encoded for the log.
+    #[error("cannot encode the batch: {reason}")]
+    Encoding {
+        /// What the encoder reported.
+        reason: String,
+    },
     /// [`Op::Finish`](crate::Op::Finish) named a procedure the store does not hold.
     #[error("unknown procedure {0}")]
     UnknownProcedure(ProcId),

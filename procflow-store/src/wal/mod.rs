@@ -46,7 +46,9 @@ use crate::store::{Batch, BoxFuture, Limits, Loaded, ProcId, Record, RecordInfo,
 /// * **Exclusive**: the directory is locked; a second opener gets [`StoreError::Locked`].
 ///   Files are created with mode 0600, the directory with 0700.
 /// * **Poisoning**: after a failed write or fsync every later commit fails with
-///   [`StoreError::Poisoned`] until the store is reopened.
+///   [`StoreError::Poisoned`] until the store is reopened. Reads keep answering from
+///   memory, which may include the batches whose commit failed; reopening shows what
+///   really reached the disk.
 ///
 /// # Examples
 ///

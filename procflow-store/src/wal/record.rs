@@ -107,11 +107,9 @@ pub(crate) fn encode(
 ) -> Result<Vec<u8>, StoreError> {
     let mut out = vec![0; RECORD_HEADER_LEN];
     let mut out = postcard::to_extend(changes, std::mem::take(&mut out)).map_err(|e| {
-        StoreError::io(
-            "encoding a record",
-            "",
-            std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-        )
+        StoreError::Encoding {
+            reason: e.to_string(),
+        }
     })?;
     let payload_len = out.len() - RECORD_HEADER_LEN;
     let payload_len = u32::try_from(payload_len).map_err(|_| StoreError::TooLarge {
