@@ -83,3 +83,51 @@ impl StoreError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_say_what_happened_and_where() {
+        let cases = [
+            (
+                StoreError::io("syncing a segment", "/s/x.wal", io::Error::other("EIO")),
+                "I/O error while syncing a segment (/s/x.wal): EIO",
+            ),
+            (
+                StoreError::Corrupt {
+                    file: "/s/x.wal".into(),
+                    offset: 96,
+                    reason: "record payload checksum mismatch".into(),
+                },
+                "corrupt store file /s/x.wal at byte offset 96: record payload checksum mismatch",
+            ),
+            (
+                StoreError::Locked { dir: "/s".into() },
+                "another process has the store open (lock held on /s)",
+            ),
+            (
+                StoreError::Fenced {
+                    token: 3,
+                    highest: 4,
+                },
+                "fenced: batch token 3 is lower than the highest committed token 4",
+            ),
+            (
+                StoreError::TooLarge {
+                    what: "ops per batch",
+                    size: 129,
+                    limit: 128,
+                },
+                "batch too large: ops per batch is 129, the limit is 128",
+            ),
+            (StoreError::UnknownProcedure(7), "unknown procedure 7"),
+            (StoreError::Closed, "the store is closed"),
+        ];
+        for (error, message) in cases {
+            assert_eq!(error.to_string(), message);
+        }
+        assert!(StoreError::Poisoned.to_string().contains("reopen"));
+    }
+}

@@ -122,3 +122,38 @@ pub(crate) fn compact(
     }
     Ok(removed)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(id: u64, len: usize) -> Change {
+        Change::Put {
+            id,
+            parent: None,
+            finished: false,
+            value: vec![0; len],
+        }
+    }
+
+    #[test]
+    fn index_follows_the_latest_change_of_each_key() {
+        let mut index = LiveIndex::default();
+        index.note(1, &put(1, 100));
+        index.note(1, &put(2, 10));
+        assert_eq!(index.live_bytes(), 2 * CHANGE_OVERHEAD + 110);
+        index.note(2, &put(1, 50));
+        assert_eq!(index.keys_in(1), vec![Key::Proc(2)]);
+        assert_eq!(index.keys_in(2), vec![Key::Proc(1)]);
+        index.note(3, &Change::Delete { id: 2 });
+        assert!(index.keys_in(1).is_empty());
+        assert_eq!(index.live_bytes(), CHANGE_OVERHEAD + 50);
+        index.note(
+            3,
+            &Change::DeleteMeta {
+                key: "absent".into(),
+            },
+        );
+        assert_eq!(index.live_bytes(), CHANGE_OVERHEAD + 50);
+    }
+}
