@@ -255,6 +255,37 @@ mod tests {
         assert_eq!(bytes[4..8], 18u32.to_le_bytes());
     }
 
+    /// The constants and offsets here are the ones docs/FORMAT.md states.
+    #[test]
+    fn constants_match_format_md() {
+        let doc = include_str!("../../../docs/FORMAT.md");
+        let expected = [
+            format!("marker `RECORD_MARKER` = `0x{RECORD_MARKER:02X}`"),
+            format!("`KIND_BATCH` = {KIND_BATCH}"),
+            format!("`KIND_COMPACTION` = {KIND_COMPACTION}"),
+            format!(
+                "bit {} `FLAG_FENCING_TOKEN`",
+                FLAG_FENCING_TOKEN.trailing_zeros()
+            ),
+            format!("`RECORD_HEADER_LEN` = {RECORD_HEADER_LEN}"),
+            format!("| {MARKER_OFFSET} | 1 | marker"),
+            format!("| {KIND_OFFSET} | 1 | kind"),
+            format!("| {FLAGS_OFFSET} | 1 | flags"),
+            format!("| {RESERVED_OFFSET} | 1 | reserved"),
+            format!("| {LEN_OFFSET} | 4 | payload length"),
+            format!("| {SEQ_OFFSET} | 8 | sequence number"),
+            format!("| {TOKEN_OFFSET} | 8 | fencing token"),
+            format!("| {PAYLOAD_CRC_OFFSET} | 4 | CRC32C of the payload"),
+            format!(
+                "| {HEADER_CRC_OFFSET} | 4 | CRC32C of bytes 0..{HEADER_CRC_OFFSET} of this header"
+            ),
+            format!("| {RECORD_HEADER_LEN} | n | payload"),
+        ];
+        for line in expected {
+            assert!(doc.contains(&line), "docs/FORMAT.md lacks {line:?}");
+        }
+    }
+
     #[test]
     fn garbage_payload_is_an_error_not_a_panic() {
         assert!(decode_payload(&[0xff; 16]).is_err());

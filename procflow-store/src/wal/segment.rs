@@ -143,6 +143,27 @@ mod tests {
         assert_eq!(parse_file_name("LOCK"), None);
     }
 
+    /// The constants and offsets here are the ones docs/FORMAT.md states.
+    #[test]
+    fn constants_match_format_md() {
+        let doc = include_str!("../../../docs/FORMAT.md");
+        let magic = std::str::from_utf8(&SEGMENT_MAGIC).unwrap();
+        let expected = [
+            format!("| {MAGIC_OFFSET} | 8 | magic `SEGMENT_MAGIC` = ASCII `{magic}`"),
+            format!(
+                "| {VERSION_OFFSET} | 2 | format version, u16, `FORMAT_VERSION` = {FORMAT_VERSION}"
+            ),
+            format!("| {NUMBER_OFFSET} | 8 | segment number"),
+            format!("| {HEADER_CRC_OFFSET} | 4 | CRC32C of bytes 0..{HEADER_CRC_OFFSET}"),
+            format!("from offset {SEGMENT_HEADER_LEN} (`SEGMENT_HEADER_LEN`)"),
+            format!("`{SEGMENT_PREFIX}<n>{SEGMENT_SUFFIX}`"),
+            format!("`{SEGMENT_PREFIX}<n>{SEGMENT_SUFFIX}{TMP_SUFFIX}`"),
+        ];
+        for line in expected {
+            assert!(doc.contains(&line), "docs/FORMAT.md lacks {line:?}");
+        }
+    }
+
     #[test]
     fn header_round_trip_and_checks() {
         let header = encode_header(5);
