@@ -130,4 +130,10 @@ mod tests {
         }
         assert!(StoreError::Poisoned.to_string().contains("reopen"));
     }
+
+    #[test]
+    fn errors_can_cross_threads_and_be_boxed() {
+        fn check<T: std::error::Error + Send + Sync + 'static>() {}
+        check::<StoreError>();
+    }
 }
