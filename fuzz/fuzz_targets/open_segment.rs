@@ -13,7 +13,9 @@ fuzz_target!(|data: &[u8]| {
     let sim = SimBackend::new();
     let dir = Path::new("/store");
     sim.create_dir_all(dir).unwrap();
-    let file = sim.create_file(&dir.join("segment-0000000000000001.wal")).unwrap();
+    let file = sim
+        .create_file(&dir.join("segment-0000000000000001.wal"))
+        .unwrap();
     file.append(data).unwrap();
     let _ = WalStore::open_with_backend(dir, WalConfig::default(), Arc::new(sim));
 });
