@@ -675,6 +675,22 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn release_grants_waiters_behind_a_still_blocked_one() {
+        let table = LockTable::new();
+        table.acquire(1, &[], &[x("a")]).await;
+        table.acquire(2, &[], &[x("b")]).await;
+        let mut on_a = pin!(table.acquire(3, &[], &[x("a")]));
+        let mut on_b = pin!(table.acquire(4, &[], &[x("b")]));
+        assert!(poll_once(on_a.as_mut()).is_pending());
+        assert!(poll_once(on_b.as_mut()).is_pending());
+
+        table.release(2);
+        assert!(poll_once(on_a.as_mut()).is_pending());
+        assert!(poll_once(on_b.as_mut()).is_ready());
+        assert_eq!(table.waiters(), [3]);
+    }
+
+    #[tokio::test]
     async fn all_or_nothing() {
         let table = LockTable::new();
         table.acquire(1, &[], &[x("a")]).await;
@@ -787,7 +803,10 @@ mod tests {
             let table = Arc::clone(&table);
             async move { table.acquire(3, &[], &[s("t")]).await }
         });
-        while table.waiters().len() < 2 {
+        for _ in 0..1000 {
+            if table.waiters().len() == 2 {
+                break;
+            }
             tokio::task::yield_now().await;
         }
         assert_eq!(table.waiters(), [2, 3]);
