@@ -90,6 +90,20 @@ pub fn encode<M: StateMachine>(
     procedure: &M::Procedure,
     cursor: &Cursor<M>,
 ) -> Result<Vec<u8>, CodecError> {
+    encode_into(procedure, cursor, Vec::with_capacity(64))
+}
+
+/// Appends the snapshot of a procedure of machine `M` to `out` (a record may start with
+/// a header of its own).
+///
+/// # Errors
+///
+/// [`CodecError::Encode`] if the procedure data cannot be serialized.
+pub fn encode_into<M: StateMachine>(
+    procedure: &M::Procedure,
+    cursor: &Cursor<M>,
+    out: Vec<u8>,
+) -> Result<Vec<u8>, CodecError> {
     let error = |source| CodecError::Encode {
         machine: M::NAME,
         source,
@@ -100,7 +114,7 @@ pub fn encode<M: StateMachine>(
         cursor,
     };
     // One buffer: the data follows the header without a length prefix of its own.
-    let bytes = postcard::to_extend(&header, Vec::with_capacity(64)).map_err(error)?;
+    let bytes = postcard::to_extend(&header, out).map_err(error)?;
     postcard::to_extend(procedure, bytes).map_err(error)
 }
 

@@ -83,6 +83,7 @@ mod context;
 mod cursor;
 pub mod diagram;
 mod error;
+pub mod executor;
 mod flow;
 mod id;
 mod instance;

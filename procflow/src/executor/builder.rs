@@ -1,0 +1,215 @@
+//! Building an executor and bringing back what the store holds.
+
+use super::Executor;
+use super::cleanup;
+use super::config::Config;
+use super::erased::Registry;
+use super::error::ExecutorError;
+use super::hooks::KillHook;
+use super::inner::{Inner, Mode, Table};
+use super::record::{Envelope, NEXT_ID_KEY, NONCE_PREFIX};
+use super::runner::{self, Launch};
+use super::status::Unloadable;
+use crate::{ProcedureId, StateMachine};
+use procflow_store::{Loaded, Record, Store};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use tokio::sync::{Semaphore, watch};
+use tokio_util::task::TaskTracker;
+
+/// Configures and starts an [`Executor`]; see [`Executor::builder`].
+pub struct ExecutorBuilder<E> {
+    store: Arc<dyn Store>,
+    env: Arc<E>,
+    config: Config,
+    registry: Registry<E>,
+    hook: Option<Arc<dyn KillHook>>,
+}
+
+impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
+    pub(crate) fn new(store: Arc<dyn Store>, env: E) -> Self {
+        Self {
+            store,
+            env: Arc::new(env),
+            config: Config::default(),
+            registry: Registry::new(),
+            hook: None,
+        }
+    }
+
+    /// Lets the executor run (and, after a restart, rebuild) procedures of machine `M`,
+    /// found in the store by `M::NAME`.
+    #[must_use]
+    pub fn register<M: StateMachine<Env = E>>(mut self) -> Self {
+        self.registry.register::<M>();
+        self
+    }
+
+    /// Replaces the configuration (default: [`Config::default`]).
+    #[must_use]
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Installs a [`KillHook`], consulted right before and right after every store write.
+    /// For crash tests.
+    #[must_use]
+    pub fn kill_hook(mut self, hook: impl KillHook) -> Self {
+        self.hook = Some(Arc::new(hook));
+        self
+    }
+
+    /// Loads every procedure from the store and resumes the unfinished ones, each from
+    /// its last persisted step (that step runs again).
+    ///
+    /// A stored procedure whose machine is not registered, or whose record this build
+    /// cannot read, is left untouched in the store and reported by
+    /// [`Executor::unloadable`] and a log line; it does not stop the start.
+    ///
+    /// # Errors
+    ///
+    /// [`ExecutorError::Store`] if the store cannot be read,
+    /// [`ExecutorError::DuplicateMachine`] if two registered machines share a name,
+    /// [`ExecutorError::Metadata`] if the executor's own metadata is damaged.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe past the load: dropping the future may leave procedures running.
+    pub async fn start(self) -> Result<Executor<E>, ExecutorError> {
+        if let Some(name) = self.registry.duplicate {
+            return Err(ExecutorError::DuplicateMachine(name));
+        }
+        let loaded = self
+            .store
+            .load()
+            .await
+            .map_err(|e| ExecutorError::Store(Arc::new(e)))?;
+        let table = table_from(&loaded)?;
+        let inner = Arc::new(Inner {
+            workers: Semaphore::new(self.config.workers.max(1)),
+            running: Semaphore::new(self.config.max_running.max(1)),
+            live_roots: AtomicUsize::new(0),
+            store: self.store,
+            env: self.env,
+            config: self.config,
+            registry: self.registry,
+            table: std::sync::Mutex::new(table),
+            nonce_gate: tokio::sync::Mutex::new(()),
+            mode: watch::Sender::new(Mode::Running),
+            hook: self.hook,
+            writes: AtomicU64::new(0),
+            tasks: TaskTracker::new(),
+        });
+        resume(&inner, &loaded.records);
+        let cleaner = Arc::clone(&inner);
+        inner.tasks.spawn(cleanup::run(cleaner));
+        Ok(Executor { inner })
+    }
+}
+
+/// The id counter and nonces from the store's metadata.
+fn table_from(loaded: &Loaded) -> Result<Table, ExecutorError> {
+    let read_u64 = |key: &str, bytes: &[u8]| {
+        <[u8; 8]>::try_from(bytes)
+            .map(u64::from_le_bytes)
+            .map_err(|_| ExecutorError::Metadata {
+                key: key.to_owned(),
+            })
+    };
+    let reserved = match loaded.meta.get(NEXT_ID_KEY) {
+        Some(bytes) => read_u64(NEXT_ID_KEY, bytes)?,
+        None => 1,
+    };
+    let max_id = loaded.records.iter().map(|r| r.id).max().unwrap_or(0);
+    let next_id = reserved.max(max_id + 1);
+    let mut nonces = HashMap::new();
+    for (key, value) in loaded.meta.range(NONCE_PREFIX.to_owned()..) {
+        let Some(nonce) = key.strip_prefix(NONCE_PREFIX) else {
+            break;
+        };
+        nonces.insert(nonce.to_owned(), read_u64(key, value)?);
+    }
+    Ok(Table {
+        next_id,
+        // Everything up to `next_id` may have been handed out before the restart; the
+        // first allocation reserves a new block.
+        reserved_id: next_id,
+        nonces,
+        ..Table::default()
+    })
+}
+
+/// Rebuilds every stored procedure; starts the unfinished ones.
+fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, records: &[Record]) {
+    let parents: HashMap<u64, Option<u64>> = records.iter().map(|r| (r.id, r.parent)).collect();
+    let mut live = Vec::new();
+    for record in records {
+        let Some(launch) = rebuild(inner, record, &parents) else {
+            continue;
+        };
+        // Every entry goes in before any task starts: a parent must find its children.
+        runner::insert_entry(inner, &launch);
+        if !record.finished {
+            live.push(launch);
+        }
+    }
+    let roots = live.iter().filter(|l| l.parent.is_none()).count();
+    inner
+        .live_roots
+        .store(roots, std::sync::atomic::Ordering::Release);
+    tracing::info!(
+        live = live.len(),
+        total = records.len(),
+        "executor resuming procedures"
+    );
+    for launch in live {
+        runner::launch(inner, launch);
+    }
+}
+
+fn rebuild<E: Send + Sync + 'static>(
+    inner: &Inner<E>,
+    record: &Record,
+    parents: &HashMap<u64, Option<u64>>,
+) -> Option<Launch<E>> {
+    let unloadable = |machine: String, reason: String| {
+        tracing::warn!(id = record.id, %machine, %reason, "procedure cannot be loaded; left in the store");
+        inner.table().unloadable.push(Unloadable {
+            id: ProcedureId::new(record.id),
+            machine,
+            reason,
+        });
+    };
+    let (envelope, snapshot) = match Envelope::decode(&record.value) {
+        Ok(parts) => parts,
+        Err(reason) => {
+            unloadable("?".to_owned(), reason);
+            return None;
+        }
+    };
+    let procedure = match inner.registry.load(snapshot) {
+        Ok(procedure) => procedure,
+        Err((machine, reason)) => {
+            unloadable(machine, reason);
+            return None;
+        }
+    };
+    let mut ancestors = Vec::new();
+    let mut at = record.parent;
+    while let Some(parent) = at {
+        if ancestors.contains(&parent) {
+            break; // A damaged parent chain must not loop forever.
+        }
+        ancestors.push(parent);
+        at = parents.get(&parent).copied().flatten();
+    }
+    Some(Launch {
+        id: record.id,
+        parent: record.parent,
+        ancestors,
+        procedure,
+        envelope,
+    })
+}

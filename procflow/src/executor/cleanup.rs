@@ -1,0 +1,69 @@
+//! Retention: finished procedures stay queryable for `Config::retention`, then they (and
+//! their nonces) are deleted from the store.
+
+use super::hooks::WriteKind;
+use super::inner::Inner;
+use super::record::{NONCE_PREFIX, now_ms};
+use procflow_store::Batch;
+use std::sync::Arc;
+
+/// Runs until the executor stops, cleaning up every `Config::cleanup_interval`.
+pub(crate) async fn run<E: Send + Sync + 'static>(inner: Arc<Inner<E>>) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(inner.config.cleanup_interval) => {}
+            () = inner.stopping() => return,
+        }
+        if clean(&inner).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Deletes the finished procedures past their retention. A finished child whose parent
+/// is still live is kept: the parent needs its outcome.
+async fn clean<E>(inner: &Inner<E>) -> Result<(), super::ExecutorError> {
+    let retention = u64::try_from(inner.config.retention.as_millis()).unwrap_or(u64::MAX);
+    let now = now_ms();
+    let expired: Vec<(u64, Option<String>)> = {
+        let table = inner.table();
+        table
+            .procs
+            .iter()
+            .filter(|(_, entry)| {
+                entry
+                    .finished_ms
+                    .is_some_and(|at| at.saturating_add(retention) <= now)
+            })
+            .filter(|(_, entry)| {
+                let parent = entry.info.borrow().parent;
+                parent.is_none_or(|p| {
+                    table
+                        .procs
+                        .get(&p.get())
+                        .is_none_or(|parent| parent.finished_ms.is_some())
+                })
+            })
+            .map(|(id, entry)| (*id, entry.nonce.clone()))
+            .collect()
+    };
+    if expired.is_empty() {
+        return Ok(());
+    }
+    let mut batch = Batch::new();
+    for (id, nonce) in &expired {
+        batch = batch.delete(*id);
+        if let Some(nonce) = nonce {
+            batch = batch.delete_meta(format!("{NONCE_PREFIX}{nonce}"));
+        }
+    }
+    inner.commit(0, WriteKind::Cleanup, batch).await?;
+    let mut table = inner.table();
+    for (id, nonce) in expired {
+        table.procs.remove(&id);
+        if let Some(nonce) = nonce {
+            table.nonces.remove(&nonce);
+        }
+    }
+    Ok(())
+}

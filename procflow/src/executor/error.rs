@@ -1,0 +1,56 @@
+//! What can go wrong when talking to the executor.
+
+use crate::ProcedureId;
+use crate::codec::CodecError;
+use procflow_store::StoreError;
+use std::sync::Arc;
+
+/// Why the executor could not start, answer, or keep running.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExecutorError {
+    /// The store failed. The executor stops at the first store failure rather than run
+    /// steps it cannot persist; nothing it acknowledged is lost. Restart it once the store
+    /// is healthy.
+    #[error("store failure, executor stopped: {0}")]
+    Store(Arc<StoreError>),
+    /// A kill hook (or [`Executor::kill`](super::Executor::kill)) stopped the executor.
+    #[error("executor was killed")]
+    Killed,
+    /// The executor was shut down before the procedure ended; it resumes at the next start.
+    #[error("executor is shut down")]
+    ShutDown,
+    /// No procedure with this id is known (never submitted, or past its retention).
+    #[error("no procedure {0}")]
+    NotFound(ProcedureId),
+    /// Two registered machines share a stable name.
+    #[error("two machines are registered under the name `{0}`; give one a `name = \"..\"`")]
+    DuplicateMachine(&'static str),
+    /// The executor's own metadata in the store cannot be read.
+    #[error("cannot read the executor metadata `{key}` in the store")]
+    Metadata {
+        /// The metadata key.
+        key: String,
+    },
+}
+
+/// Why a submit was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitError {
+    /// The procedure's machine was not registered with this executor.
+    #[error("machine `{0}` is not registered: call `register::<{0}State>()` on the builder")]
+    NotRegistered(&'static str),
+    /// `max_running` procedures are live and `queue_capacity` more are queued.
+    #[error("the executor is full ({live} procedures live or queued); retry later")]
+    QueueFull {
+        /// How many root procedures are live or queued.
+        live: usize,
+    },
+    /// The procedure data cannot be serialized.
+    #[error(transparent)]
+    Encode(#[from] CodecError),
+    /// The executor is not running (shut down, killed, or stopped by a store failure).
+    #[error(transparent)]
+    Executor(#[from] ExecutorError),
+}

@@ -1,0 +1,179 @@
+//! The state one executor shares between its handle and its procedure tasks.
+
+use super::config::Config;
+use super::erased::Registry;
+use super::error::ExecutorError;
+use super::hooks::{KillHook, StoreWrite, WriteKind, WritePoint};
+use super::record::NEXT_ID_KEY;
+use super::status::{ProcedureInfo, Unloadable};
+use crate::ProcedureId;
+use procflow_store::{Batch, Op, Store};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::{Notify, Semaphore, watch};
+use tokio_util::task::TaskTracker;
+
+/// How many ids one reservation in the store covers: one metadata write per block of
+/// submits, not per submit.
+const ID_BLOCK: u64 = 1024;
+
+/// Whether the executor runs.
+#[derive(Clone, Debug)]
+pub(crate) enum Mode {
+    Running,
+    /// No new work; steps in flight finish and are persisted, then tasks exit.
+    ShuttingDown,
+    /// Stopped at once: nothing more reaches the store.
+    Halted(ExecutorError),
+}
+
+pub(crate) struct Inner<E> {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) env: Arc<E>,
+    pub(crate) config: Config,
+    pub(crate) registry: Registry<E>,
+    /// Steps executing at once.
+    pub(crate) workers: Semaphore,
+    /// Root procedures running at once; the others wait for a permit (the queue).
+    pub(crate) running: Semaphore,
+    /// Root procedures live or queued, for backpressure.
+    pub(crate) live_roots: AtomicUsize,
+    pub(crate) table: Mutex<Table>,
+    /// Serialises submits that carry a nonce, so one nonce makes one procedure.
+    pub(crate) nonce_gate: tokio::sync::Mutex<()>,
+    pub(crate) mode: watch::Sender<Mode>,
+    pub(crate) hook: Option<Arc<dyn KillHook>>,
+    pub(crate) writes: AtomicU64,
+    pub(crate) tasks: TaskTracker,
+}
+
+/// Every procedure the executor knows, live or finished (until retention removes it).
+#[derive(Default)]
+pub(crate) struct Table {
+    pub(crate) procs: HashMap<u64, Entry>,
+    pub(crate) nonces: HashMap<String, u64>,
+    /// Event name → procedures suspended on it.
+    pub(crate) events: HashMap<String, Vec<u64>>,
+    pub(crate) unloadable: Vec<Unloadable>,
+    /// The next id to hand out, and the first one not covered by the store's reservation.
+    pub(crate) next_id: u64,
+    pub(crate) reserved_id: u64,
+}
+
+pub(crate) struct Entry {
+    pub(crate) info: watch::Sender<ProcedureInfo>,
+    /// Wakes the procedure's task: its event fired, or one of its children ended.
+    pub(crate) wake: Arc<Notify>,
+    pub(crate) abort: bool,
+    pub(crate) nonce: Option<String>,
+    /// Wall-clock end, ms since the epoch, for retention.
+    pub(crate) finished_ms: Option<u64>,
+}
+
+impl<E> Inner<E> {
+    pub(crate) fn table(&self) -> MutexGuard<'_, Table> {
+        // A panic while holding the lock cannot leave the table half-updated in a way that
+        // matters more than stopping every procedure would.
+        self.table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn mode(&self) -> Mode {
+        self.mode.borrow().clone()
+    }
+
+    pub(crate) fn is_halted(&self) -> bool {
+        matches!(*self.mode.borrow(), Mode::Halted(_))
+    }
+
+    pub(crate) fn is_running(&self) -> bool {
+        matches!(*self.mode.borrow(), Mode::Running)
+    }
+
+    /// Stops everything at once (a kill, or a store failure); the first reason wins.
+    pub(crate) fn halt(&self, reason: ExecutorError) {
+        self.mode.send_if_modified(|mode| {
+            if matches!(mode, Mode::Halted(_)) {
+                return false;
+            }
+            tracing::warn!(%reason, "executor halted");
+            *mode = Mode::Halted(reason);
+            true
+        });
+    }
+
+    /// Hands out `n` fresh ids; when they run past the reservation in the store, returns
+    /// the metadata op extending it, to commit with the batch that uses them.
+    pub(crate) fn allocate_ids(&self, n: u64) -> (Vec<u64>, Option<Op>) {
+        let mut table = self.table();
+        let first = table.next_id;
+        table.next_id += n;
+        let ids = (first..table.next_id).collect();
+        if table.next_id <= table.reserved_id {
+            return (ids, None);
+        }
+        table.reserved_id = table.next_id + ID_BLOCK;
+        let op = Op::PutMeta {
+            key: NEXT_ID_KEY.to_owned(),
+            value: table.reserved_id.to_le_bytes().to_vec(),
+        };
+        (ids, Some(op))
+    }
+
+    /// Commits `batch`, consulting the kill hook right before and right after.
+    ///
+    /// # Errors
+    ///
+    /// The reason the executor halted: killed here or earlier, or this store write failed
+    /// (which halts the executor).
+    pub(crate) async fn commit(
+        &self,
+        procedure: u64,
+        kind: WriteKind,
+        batch: Batch,
+    ) -> Result<(), ExecutorError> {
+        if let Mode::Halted(reason) = self.mode() {
+            return Err(reason);
+        }
+        let index = self.writes.fetch_add(1, Ordering::Relaxed);
+        let write = |point| StoreWrite {
+            procedure: ProcedureId::new(procedure),
+            kind,
+            point,
+            index,
+        };
+        self.kill_at(&write(WritePoint::Before))?;
+        if let Err(error) = self.store.commit(batch).await {
+            let error = ExecutorError::Store(Arc::new(error));
+            self.halt(error.clone());
+            return Err(error);
+        }
+        self.kill_at(&write(WritePoint::After))
+    }
+
+    fn kill_at(&self, write: &StoreWrite) -> Result<(), ExecutorError> {
+        if self.hook.as_ref().is_some_and(|hook| hook.kill(write)) {
+            self.halt(ExecutorError::Killed);
+        }
+        match self.mode() {
+            Mode::Halted(reason) => Err(reason),
+            _ => Ok(()),
+        }
+    }
+
+    /// Publishes a procedure's new snapshot to its subscribers.
+    pub(crate) fn publish(&self, info: ProcedureInfo) {
+        if let Some(entry) = self.table().procs.get(&info.id.get()) {
+            entry.info.send_replace(info);
+        }
+    }
+
+    /// Resolves when the mode leaves `Running`.
+    pub(crate) async fn stopping(&self) {
+        let mut mode = self.mode.subscribe();
+        // An error means the sender is gone: the executor is being dropped.
+        let _ = mode.wait_for(|mode| !matches!(mode, Mode::Running)).await;
+    }
+}

@@ -1,0 +1,399 @@
+//! The executor: runs procedures on tokio, persists every step to a
+//! [`Store`](procflow_store::Store), and after a restart resumes every unfinished procedure
+//! from its last persisted step, or rolls it back.
+//!
+//! Use it instead of the in-memory [`Stepper`](crate::Stepper) whenever the work must
+//! survive the process: every step's result is durable in the store before the next step
+//! starts, so after a crash only the step that was running runs again (make steps
+//! idempotent).
+//!
+//! # Examples
+//!
+//! ```
+//! use procflow::prelude::*;
+//! use procflow::executor::{Executor, Outcome};
+//! use procflow_store::MemStore;
+//! use std::sync::Arc;
+//!
+//! #[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+//! #[state_machine(procedure = Greet)]
+//! enum GreetState {
+//!     #[initial] #[transition(to = [Done])] Hello,
+//!     #[terminal] Done,
+//! }
+//!
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct Greet { name: String }
+//!
+//! impl GreetStateHandlers for Greet {
+//!     async fn hello(&mut self, _: &Context<()>) -> Step<greet_state::Hello> {
+//!         self.name.insert_str(0, "hello, ");
+//!         Ok(greet_state::Hello::Done.into())
+//!     }
+//! }
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let store = Arc::new(MemStore::new());
+//! let executor = Executor::builder(store, ()).register::<GreetState>().start().await?;
+//! let id = executor.submit::<GreetState>(Greet { name: "ada".into() }).await?;
+//! assert_eq!(executor.wait(id).await?, Outcome::Succeeded);
+//! assert_eq!(executor.state(id).unwrap().steps, 1);
+//! executor.shutdown().await?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+mod builder;
+mod cleanup;
+mod config;
+mod erased;
+mod error;
+mod hooks;
+mod inner;
+mod record;
+mod runner;
+mod status;
+
+pub use builder::ExecutorBuilder;
+pub use config::{Config, RetryPolicy};
+pub use error::{ExecutorError, SubmitError};
+pub use hooks::{KillHook, StoreWrite, WriteKind, WritePoint};
+pub use status::{Outcome, ProcedureInfo, Status, Unloadable};
+
+use crate::instance::Instance;
+use crate::{Cursor, ProcedureId, StateMachine};
+use inner::{Inner, Mode};
+use procflow_store::{Batch, Op, Store};
+use record::{Envelope, NONCE_PREFIX, now_ms};
+use runner::Launch;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// Runs procedures; cheap to clone (all clones drive the same executor).
+///
+/// The environment `E` is shared with every handler through
+/// [`Context::env`](crate::Context::env); every registered machine must declare it with
+/// `#[state_machine(env = E)]` (or leave both at `()`).
+pub struct Executor<E> {
+    inner: Arc<Inner<E>>,
+}
+
+impl<E> Clone for Executor<E> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+/// Options of [`Executor::submit_with`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SubmitOptions {
+    /// A client's request id: submitting the same nonce again, also after a restart,
+    /// returns the first submit's procedure id instead of starting another procedure
+    /// (until the procedure is past its retention).
+    pub nonce: Option<String>,
+    /// Fail the procedure (roll it back) if it has not ended after this long. Survives
+    /// restarts (wall-clock deadline). Not enforced past a point of no return.
+    pub timeout: Option<Duration>,
+}
+
+impl SubmitOptions {
+    /// Sets the nonce.
+    #[must_use]
+    pub fn nonce(mut self, nonce: impl Into<String>) -> Self {
+        self.nonce = Some(nonce.into());
+        self
+    }
+
+    /// Sets the timeout.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+}
+
+impl<E: Send + Sync + 'static> Executor<E> {
+    /// Starts configuring an executor persisting to `store` and sharing `env` with
+    /// every handler.
+    pub fn builder(store: Arc<dyn Store>, env: E) -> ExecutorBuilder<E> {
+        ExecutorBuilder::new(store, env)
+    }
+
+    /// Starts a procedure of machine `M` at its initial state. Returns once the procedure
+    /// is durable in the store.
+    ///
+    /// # Errors
+    ///
+    /// [`SubmitError`]: `M` not registered, the executor full, the data not serializable,
+    /// or the executor not running.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe: if the future is dropped after the store write, the procedure
+    /// runs but its id is lost to the caller (use a nonce to find it again).
+    pub async fn submit<M: StateMachine<Env = E>>(
+        &self,
+        procedure: M::Procedure,
+    ) -> Result<ProcedureId, SubmitError> {
+        self.submit_with::<M>(procedure, SubmitOptions::default())
+            .await
+    }
+
+    /// [`submit`](Self::submit) with a nonce and/or a timeout.
+    ///
+    /// # Errors
+    ///
+    /// As [`submit`](Self::submit).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`submit`](Self::submit).
+    pub async fn submit_with<M: StateMachine<Env = E>>(
+        &self,
+        procedure: M::Procedure,
+        options: SubmitOptions,
+    ) -> Result<ProcedureId, SubmitError> {
+        self.running()?;
+        if !self.inner.registry.contains(M::NAME) {
+            return Err(SubmitError::NotRegistered(M::NAME));
+        }
+        let _gate = match options.nonce {
+            Some(_) => Some(self.inner.nonce_gate.lock().await),
+            None => None,
+        };
+        if let Some(id) = options
+            .nonce
+            .as_ref()
+            .and_then(|nonce| self.inner.table().nonces.get(nonce).copied())
+        {
+            return Ok(ProcedureId::new(id));
+        }
+        self.admit()?;
+        let result = self.persist_new::<M>(procedure, options).await;
+        if result.is_err() {
+            self.inner.live_roots.fetch_sub(1, Ordering::AcqRel);
+        }
+        result
+    }
+
+    /// Counts a new root procedure in, or refuses it when the queue is full.
+    fn admit(&self) -> Result<(), SubmitError> {
+        let limit = self
+            .inner
+            .config
+            .max_running
+            .saturating_add(self.inner.config.queue_capacity);
+        self.inner
+            .live_roots
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |live| {
+                (live < limit).then_some(live + 1)
+            })
+            .map(drop)
+            .map_err(|live| SubmitError::QueueFull { live })
+    }
+
+    async fn persist_new<M: StateMachine<Env = E>>(
+        &self,
+        procedure: M::Procedure,
+        options: SubmitOptions,
+    ) -> Result<ProcedureId, SubmitError> {
+        let instance = Instance::<M> {
+            procedure,
+            cursor: Cursor::new(),
+        };
+        let deadline_ms = options
+            .timeout
+            .map(|t| now_ms().saturating_add(u64::try_from(t.as_millis()).unwrap_or(u64::MAX)));
+        let envelope = Envelope::new(options.nonce.clone(), deadline_ms);
+        let value = envelope
+            .encode(|out| crate::codec::encode_into(&instance.procedure, &instance.cursor, out))?;
+        let (ids, reservation) = self.inner.allocate_ids(1);
+        let id = ids[0];
+        let mut batch = Batch::new();
+        batch.ops.extend(reservation);
+        if let Some(nonce) = &options.nonce {
+            batch.push(Op::PutMeta {
+                key: format!("{NONCE_PREFIX}{nonce}"),
+                value: id.to_le_bytes().to_vec(),
+            });
+        }
+        let batch = batch.put(id, None, value);
+        self.inner
+            .commit(id, WriteKind::Submit, batch)
+            .await
+            .map_err(SubmitError::Executor)?;
+        if let Some(nonce) = options.nonce {
+            self.inner.table().nonces.insert(nonce, id);
+        }
+        metrics::counter!("procflow_submitted_total", "machine" => M::NAME).increment(1);
+        runner::launch(
+            &self.inner,
+            Launch {
+                id,
+                parent: None,
+                ancestors: Vec::new(),
+                procedure: Box::new(instance),
+                envelope,
+            },
+        );
+        Ok(ProcedureId::new(id))
+    }
+
+    /// Waits until procedure `id` ends and returns how.
+    ///
+    /// # Errors
+    ///
+    /// [`ExecutorError::NotFound`] for an unknown id; the executor's stop reason if it
+    /// stops first ([`ExecutorError::Killed`], [`ExecutorError::Store`],
+    /// [`ExecutorError::ShutDown`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: dropping the future only stops the waiting.
+    pub async fn wait(&self, id: ProcedureId) -> Result<Outcome, ExecutorError> {
+        let mut info = self.subscribe(id).ok_or(ExecutorError::NotFound(id))?;
+        let mut mode = self.inner.mode.subscribe();
+        loop {
+            if let Some(outcome) = info.borrow_and_update().outcome() {
+                return Ok(outcome);
+            }
+            match &*mode.borrow_and_update() {
+                Mode::Running => {}
+                Mode::ShuttingDown => return Err(ExecutorError::ShutDown),
+                Mode::Halted(reason) => return Err(reason.clone()),
+            }
+            tokio::select! {
+                changed = info.changed() => {
+                    if changed.is_err() {
+                        return Err(ExecutorError::NotFound(id));
+                    }
+                }
+                _ = mode.changed() => {}
+            }
+        }
+    }
+
+    /// The current snapshot of procedure `id`: status, current step, steps done, error.
+    #[must_use]
+    pub fn state(&self, id: ProcedureId) -> Option<ProcedureInfo> {
+        self.inner
+            .table()
+            .procs
+            .get(&id.get())
+            .map(|entry| entry.info.borrow().clone())
+    }
+
+    /// Every procedure the executor knows (live, and finished within their retention),
+    /// by id.
+    #[must_use]
+    pub fn list(&self) -> Vec<ProcedureInfo> {
+        let mut all: Vec<_> = self
+            .inner
+            .table()
+            .procs
+            .values()
+            .map(|entry| entry.info.borrow().clone())
+            .collect();
+        all.sort_by_key(|info| info.id);
+        all
+    }
+
+    /// A receiver of procedure `id`'s snapshots. It always holds the latest one, so the
+    /// final (finished) snapshot is never missed, however late the receiver looks.
+    #[must_use]
+    pub fn subscribe(&self, id: ProcedureId) -> Option<watch::Receiver<ProcedureInfo>> {
+        self.inner
+            .table()
+            .procs
+            .get(&id.get())
+            .map(|entry| entry.info.subscribe())
+    }
+
+    /// Wakes every procedure suspended on `event`; returns how many.
+    ///
+    /// A woken procedure runs its suspended step again. The wake-up is durable once that
+    /// procedure has persisted it (right away, unless the process dies in between).
+    pub fn wake(&self, event: &str) -> usize {
+        let mut table = self.inner.table();
+        let waiting = table.events.remove(event).unwrap_or_default();
+        for id in &waiting {
+            if let Some(entry) = table.procs.get(id) {
+                entry.wake.notify_one();
+            }
+        }
+        waiting.len()
+    }
+
+    /// Asks procedure `id` to roll back. Honoured at its next step boundary where rollback
+    /// is supported (before a point of no return); a suspended procedure is woken for it.
+    ///
+    /// # Errors
+    ///
+    /// [`ExecutorError::NotFound`] for an unknown id.
+    pub fn abort(&self, id: ProcedureId) -> Result<(), ExecutorError> {
+        let mut table = self.inner.table();
+        let entry = table
+            .procs
+            .get_mut(&id.get())
+            .ok_or(ExecutorError::NotFound(id))?;
+        entry.abort = true;
+        entry.wake.notify_one();
+        Ok(())
+    }
+
+    /// Stored procedures that could not be loaded at start (left in the store untouched).
+    #[must_use]
+    pub fn unloadable(&self) -> Vec<Unloadable> {
+        self.inner.table().unloadable.clone()
+    }
+
+    /// Stops the executor at once, as a crash would: nothing more reaches the store. For
+    /// crash tests; start a new executor on the same store to recover.
+    pub fn kill(&self) {
+        self.inner.halt(ExecutorError::Killed);
+    }
+
+    /// Stops accepting submits, lets the steps in flight finish and persist, stops every
+    /// procedure task, and closes the store. Unfinished procedures resume at the next
+    /// start.
+    ///
+    /// # Errors
+    ///
+    /// The reason the executor had already stopped, or the store's error when closing.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the shutdown goes on; calling it again waits for it.
+    pub async fn shutdown(&self) -> Result<(), ExecutorError> {
+        self.inner.mode.send_if_modified(|mode| {
+            let running = matches!(mode, Mode::Running);
+            if running {
+                *mode = Mode::ShuttingDown;
+            }
+            running
+        });
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+        if let Mode::Halted(reason) = self.inner.mode() {
+            return Err(reason);
+        }
+        self.inner
+            .store
+            .close()
+            .await
+            .map_err(|e| ExecutorError::Store(Arc::new(e)))
+    }
+
+    fn running(&self) -> Result<(), ExecutorError> {
+        match self.inner.mode() {
+            Mode::Running => Ok(()),
+            Mode::ShuttingDown => Err(ExecutorError::ShutDown),
+            Mode::Halted(reason) => Err(reason),
+        }
+    }
+}

@@ -1,0 +1,285 @@
+//! Test machines and stores shared by the executor tests.
+#![allow(dead_code)] // Each test file uses a different part.
+
+use procflow::executor::{Config, Executor, ExecutorBuilder, RetryPolicy};
+use procflow::prelude::*;
+use procflow_store::{
+    Batch, BoxFuture, Limits, Loaded, MemStore, ProcId, Record, RecordInfo, Store, StoreError,
+    SyncMode, WalConfig, WalStore,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What handlers did, shared by every executor of one test (it outlives restarts, like a
+/// real external system would).
+#[derive(Clone, Default)]
+pub struct Ledger(Arc<Mutex<LedgerInner>>);
+
+#[derive(Default)]
+pub struct LedgerInner {
+    pub events: Vec<String>,
+    /// Idempotent effects: one value per key, written with "set".
+    pub values: HashMap<String, u64>,
+}
+
+impl Ledger {
+    pub fn push(&self, event: impl Into<String>) {
+        self.0.lock().unwrap().events.push(event.into());
+    }
+    pub fn set(&self, key: impl Into<String>, value: u64) {
+        self.0.lock().unwrap().values.insert(key.into(), value);
+    }
+    pub fn events(&self) -> Vec<String> {
+        self.0.lock().unwrap().events.clone()
+    }
+    pub fn count(&self, event: &str) -> usize {
+        self.events().iter().filter(|e| *e == event).count()
+    }
+    pub fn value(&self, key: &str) -> Option<u64> {
+        self.0.lock().unwrap().values.get(key).copied()
+    }
+}
+
+/// HBase's counter machine: adds 3, 5, 7, 11 to a persisted counter across four states.
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Counter, env = Ledger)]
+pub enum CounterState {
+    #[initial]
+    #[transition(to = [Two])]
+    #[rollback]
+    One,
+    #[transition(to = [Three])]
+    #[rollback]
+    Two,
+    #[transition(to = [Four])]
+    #[rollback]
+    Three,
+    #[transition(to = [Done])]
+    Four,
+    #[terminal]
+    Done,
+}
+
+#[derive(Serialize, Deserialize, Default, Clone)]
+pub struct Counter {
+    pub name: String,
+    pub value: u64,
+    /// The step (1..=4) that fails fatally.
+    pub fail_at: Option<u8>,
+    /// Retryable failures of step `fail_at` before it succeeds (when `fatal` is false).
+    pub transient: u32,
+    pub fatal: bool,
+    pub panic_at: Option<u8>,
+    /// Transient failures of every rollback step before it succeeds.
+    pub rollback_transient: u32,
+    /// Step at which the handler suspends once, on event `name`.
+    pub suspend_at: Option<u8>,
+    pub suspend_timeout_ms: Option<u64>,
+    #[serde(skip)]
+    pub suspended: bool,
+    pub slow_ms: u64,
+}
+
+impl Counter {
+    pub fn named(name: &str) -> Self {
+        Self {
+            name: name.into(),
+            ..Self::default()
+        }
+    }
+
+    async fn step(&mut self, ctx: &Context<Ledger>, n: u8, add: u64) -> Result<bool, Error> {
+        let ledger = ctx.env();
+        ledger.push(format!("{} execute {n}", self.name));
+        if self.slow_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.slow_ms)).await;
+        }
+        assert!(self.panic_at != Some(n), "boom at step {n}");
+        if self.fail_at == Some(n) {
+            if self.fatal {
+                return Err(Error::fatal(format!("step {n} failed")));
+            }
+            if self.transient > 0 {
+                self.transient -= 1;
+                return Err(Error::retryable(format!("step {n} busy")));
+            }
+        }
+        if self.suspend_at == Some(n) && !ledger.events().contains(&format!("{} woken", self.name))
+        {
+            ledger.push(format!("{} suspend {n}", self.name));
+            return Ok(false);
+        }
+        self.value += add;
+        ledger.set(format!("{} value", self.name), self.value);
+        Ok(true)
+    }
+
+    fn suspend<T>(&self) -> Flow<T> {
+        match self.suspend_timeout_ms {
+            Some(ms) => Flow::suspend_for(self.name.clone(), Duration::from_millis(ms)),
+            None => Flow::suspend(self.name.clone()),
+        }
+    }
+
+    fn undo(&mut self, ctx: &Context<Ledger>, n: u8) -> Result<(), Error> {
+        ctx.env().push(format!("{} rollback {n}", self.name));
+        if self.rollback_transient > 0 {
+            self.rollback_transient -= 1;
+            return Err(Error::retryable("rollback busy"));
+        }
+        Ok(())
+    }
+}
+
+impl CounterStateHandlers for Counter {
+    async fn one(&mut self, ctx: &Context<Ledger>) -> Step<counter_state::One> {
+        Ok(match self.step(ctx, 1, 3).await? {
+            true => counter_state::One::Two.into(),
+            false => self.suspend(),
+        })
+    }
+    async fn two(&mut self, ctx: &Context<Ledger>) -> Step<counter_state::Two> {
+        Ok(match self.step(ctx, 2, 5).await? {
+            true => counter_state::Two::Three.into(),
+            false => self.suspend(),
+        })
+    }
+    async fn three(&mut self, ctx: &Context<Ledger>) -> Step<counter_state::Three> {
+        Ok(match self.step(ctx, 3, 7).await? {
+            true => counter_state::Three::Four.into(),
+            false => self.suspend(),
+        })
+    }
+    async fn four(&mut self, ctx: &Context<Ledger>) -> Step<counter_state::Four> {
+        Ok(match self.step(ctx, 4, 11).await? {
+            true => counter_state::Four::Done.into(),
+            false => self.suspend(),
+        })
+    }
+    async fn rollback_one(&mut self, ctx: &Context<Ledger>) -> Result<(), Error> {
+        self.undo(ctx, 1)
+    }
+    async fn rollback_two(&mut self, ctx: &Context<Ledger>) -> Result<(), Error> {
+        self.undo(ctx, 2)
+    }
+    async fn rollback_three(&mut self, ctx: &Context<Ledger>) -> Result<(), Error> {
+        self.undo(ctx, 3)
+    }
+}
+
+/// A quick retry policy for tests.
+pub fn fast_retries(max_attempts: u32) -> RetryPolicy {
+    RetryPolicy {
+        initial: Duration::from_millis(1),
+        max_delay: Duration::from_millis(5),
+        max_attempts,
+        jitter: 0.0,
+        ..RetryPolicy::default()
+    }
+}
+
+pub fn test_config() -> Config {
+    Config {
+        retry: fast_retries(5),
+        rollback_retry: fast_retries(5),
+        ..Config::default()
+    }
+}
+
+/// One of the two stores every executor scenario runs on.
+pub struct TestStore {
+    pub store: Arc<dyn Store>,
+    dir: Option<tempfile::TempDir>,
+}
+
+impl TestStore {
+    /// A `MemStore` that outlives `close`, so a test can "restart" on it after a shutdown.
+    pub fn memory() -> Self {
+        Self {
+            store: Arc::new(KeepOpen(MemStore::new())),
+            dir: None,
+        }
+    }
+
+    /// A durable `WalStore` in a fresh temporary directory.
+    pub fn wal() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_wal(dir.path());
+        Self {
+            store,
+            dir: Some(dir),
+        }
+    }
+
+    /// The same store as a new process would find it: the WAL reopened from its directory
+    /// (the previous handle must be closed), the memory store as it is.
+    pub fn reopen(self) -> Self {
+        match self.dir {
+            Some(dir) => {
+                drop(self.store);
+                Self {
+                    store: open_wal(dir.path()),
+                    dir: Some(dir),
+                }
+            }
+            None => self,
+        }
+    }
+
+    pub fn builder(&self, ledger: &Ledger) -> ExecutorBuilder<Ledger> {
+        Executor::builder(Arc::clone(&self.store), ledger.clone()).config(test_config())
+    }
+}
+
+fn open_wal(dir: &std::path::Path) -> Arc<dyn Store> {
+    let config = WalConfig {
+        sync: SyncMode::Durable,
+        ..WalConfig::default()
+    };
+    Arc::new(WalStore::open(dir.join("wal"), config).unwrap())
+}
+
+/// Delegates to a `MemStore` but ignores `close`.
+struct KeepOpen(MemStore);
+
+impl Store for KeepOpen {
+    fn commit(&self, batch: Batch) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.0.commit(batch)
+    }
+    fn load(&self) -> BoxFuture<'_, Result<Loaded, StoreError>> {
+        self.0.load()
+    }
+    fn get(&self, id: ProcId) -> BoxFuture<'_, Result<Option<Record>, StoreError>> {
+        self.0.get(id)
+    }
+    fn list(&self) -> BoxFuture<'_, Result<Vec<RecordInfo>, StoreError>> {
+        self.0.list()
+    }
+    fn limits(&self) -> Limits {
+        self.0.limits()
+    }
+    fn close(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Runs `scenario` once on a `MemStore` and once on a durable `WalStore`.
+#[macro_export]
+macro_rules! on_both_stores {
+    ($($name:ident => $scenario:ident;)*) => {
+        mod memory {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                super::$scenario($crate::common::TestStore::memory()).await;
+            })*
+        }
+        mod wal {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                super::$scenario($crate::common::TestStore::wal()).await;
+            })*
+        }
+    };
+}

@@ -1,0 +1,612 @@
+//! The executor, item by item; every scenario runs on a `MemStore` and on a durable
+//! `WalStore` (`on_both_stores!`).
+
+mod common;
+
+use common::{Counter, CounterState, Ledger, TestStore, test_config};
+use procflow::ProcedureId;
+use procflow::executor::{
+    Config, Executor, ExecutorError, Outcome, ProcedureInfo, Status, SubmitError, SubmitOptions,
+    WriteKind, WritePoint,
+};
+use procflow::prelude::*;
+use procflow_store::Batch;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+on_both_stores! {
+    runs_to_success_reporting_progress => runs_to_success_reporting_progress;
+    failure_rolls_back_newest_first_and_keeps_the_error => failure_rolls_back_newest_first_and_keeps_the_error;
+    retryable_errors_are_retried_then_succeed => retryable_errors_are_retried_then_succeed;
+    spent_retry_budget_counts_as_fatal => spent_retry_budget_counts_as_fatal;
+    rollback_retried_twice_then_rolled_back => rollback_retried_twice_then_rolled_back;
+    rollback_that_keeps_failing_ends_failed => rollback_that_keeps_failing_ends_failed;
+    panicking_handler_fails_only_its_procedure => panicking_handler_fails_only_its_procedure;
+    kill_before_every_write_still_counts_26 => kill_before_every_write_still_counts_26;
+    kill_after_every_write_still_counts_26 => kill_after_every_write_still_counts_26;
+    ids_are_monotonic_across_restarts => ids_are_monotonic_across_restarts;
+    nonce_returns_the_same_id_also_after_restart => nonce_returns_the_same_id_also_after_restart;
+    concurrent_submits_with_one_nonce_make_one_procedure => concurrent_submits_with_one_nonce_make_one_procedure;
+    unregistered_machine_is_unloadable_and_kept => unregistered_machine_is_unloadable_and_kept;
+    suspended_procedure_runs_again_when_woken => suspended_procedure_runs_again_when_woken;
+    suspension_timeout_survives_restart => suspension_timeout_survives_restart;
+    abort_rolls_back_at_the_next_boundary => abort_rolls_back_at_the_next_boundary;
+    timeout_fails_a_stuck_procedure => timeout_fails_a_stuck_procedure;
+    finished_procedures_are_removed_after_retention => finished_procedures_are_removed_after_retention;
+    queue_full_is_an_error_not_memory => queue_full_is_an_error_not_memory;
+    shutdown_finishes_the_step_in_flight_and_resumes_later => shutdown_finishes_the_step_in_flight_and_resumes_later;
+    subscription_sees_the_terminal_state => subscription_sees_the_terminal_state;
+}
+
+async fn start(store: &TestStore, ledger: &Ledger) -> Executor<Ledger> {
+    store
+        .builder(ledger)
+        .register::<CounterState>()
+        .start()
+        .await
+        .unwrap()
+}
+
+async fn runs_to_success_reporting_progress(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let id = executor
+        .submit::<CounterState>(Counter::named("p"))
+        .await
+        .unwrap();
+    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    let info = executor.state(id).unwrap();
+    assert_eq!(
+        info,
+        ProcedureInfo {
+            id,
+            parent: None,
+            machine: "Counter",
+            status: Status::Succeeded,
+            state: "Done",
+            steps: 4,
+            error: None,
+        }
+    );
+    assert_eq!(ledger.value("p value"), Some(26));
+    assert_eq!(executor.list(), [info]);
+    executor.shutdown().await.unwrap();
+}
+
+async fn failure_rolls_back_newest_first_and_keeps_the_error(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let counter = Counter {
+        fail_at: Some(4),
+        fatal: true,
+        ..Counter::named("p")
+    };
+    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    let outcome = executor.wait(id).await.unwrap();
+    assert_eq!(outcome, Outcome::RolledBack(Error::fatal("step 4 failed")));
+    let rollbacks: Vec<_> = ledger
+        .events()
+        .into_iter()
+        .filter(|e| e.contains("rollback"))
+        .collect();
+    assert_eq!(rollbacks, ["p rollback 3", "p rollback 2", "p rollback 1"]);
+    assert_eq!(executor.state(id).unwrap().status, Status::RolledBack);
+}
+
+async fn retryable_errors_are_retried_then_succeed(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let counter = Counter {
+        fail_at: Some(2),
+        transient: 3,
+        ..Counter::named("p")
+    };
+    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(ledger.count("p execute 2"), 4, "3 failures, then success");
+    assert_eq!(
+        ledger.count("p execute 1"),
+        1,
+        "retries do not rerun earlier steps"
+    );
+}
+
+async fn spent_retry_budget_counts_as_fatal(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    // The test budget is 5 attempts; 10 transient failures spend it.
+    let counter = Counter {
+        fail_at: Some(3),
+        transient: 10,
+        ..Counter::named("p")
+    };
+    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    let outcome = executor.wait(id).await.unwrap();
+    assert_eq!(outcome, Outcome::RolledBack(Error::fatal("step 3 busy")));
+    assert_eq!(ledger.count("p execute 3"), 5);
+    assert_eq!(ledger.count("p rollback 2"), 1);
+}
+
+/// HBase TestProcedureRollbackAIOOB-style: a rollback failing twice transiently still
+/// ends rolled back, reporting the original failure.
+async fn rollback_retried_twice_then_rolled_back(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let counter = Counter {
+        fail_at: Some(2),
+        fatal: true,
+        rollback_transient: 2,
+        ..Counter::named("p")
+    };
+    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    let outcome = executor.wait(id).await.unwrap();
+    assert_eq!(outcome, Outcome::RolledBack(Error::fatal("step 2 failed")));
+    assert_eq!(ledger.count("p rollback 1"), 3);
+}
+
+async fn rollback_that_keeps_failing_ends_failed(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let counter = Counter {
+        fail_at: Some(2),
+        fatal: true,
+        rollback_transient: 100,
+        ..Counter::named("p")
+    };
+    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    let outcome = executor.wait(id).await.unwrap();
+    assert_eq!(outcome, Outcome::Failed(Error::fatal("step 2 failed")));
+    assert_eq!(ledger.count("p rollback 1"), 5, "the rollback budget");
+}
+
+async fn panicking_handler_fails_only_its_procedure(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let counter = Counter {
+        panic_at: Some(3),
+        ..Counter::named("bad")
+    };
+    let bad = executor.submit::<CounterState>(counter).await.unwrap();
+    let Outcome::RolledBack(error) = executor.wait(bad).await.unwrap() else {
+        panic!("expected a rollback");
+    };
+    assert!(
+        error.to_string().contains("panicked: boom at step 3"),
+        "{error}"
+    );
+    assert!(error.is_fatal());
+    let good = executor
+        .submit::<CounterState>(Counter::named("good"))
+        .await
+        .unwrap();
+    assert_eq!(executor.wait(good).await.unwrap(), Outcome::Succeeded);
+}
+
+/// HBase TestStateMachineProcedure / ProcedureTestingUtility double execution: the
+/// executor dies at every other store write (right before it, or right after it), and a
+/// new one restarts on the same store each time, until the procedure ends. Every write is
+/// thus killed once and then goes through. The persisted counter still ends at exactly 26;
+/// killed before its write, every step runs exactly twice; killed after, exactly once.
+async fn kill_at_every_write(store: TestStore, point: WritePoint) {
+    let ledger = Ledger::default();
+    // Shared by every executor of the test: kill, let through, kill, let through…
+    let kill_next = Arc::new(AtomicBool::new(true));
+    let mut id = None;
+    let mut kills = 0;
+    let outcome = loop {
+        let toggle = Arc::clone(&kill_next);
+        let executor = store
+            .builder(&ledger)
+            .register::<CounterState>()
+            .kill_hook(move |write: &procflow::executor::StoreWrite| {
+                write.point == point && toggle.fetch_xor(true, Ordering::SeqCst)
+            })
+            .start()
+            .await
+            .unwrap();
+        let pid = match id {
+            Some(pid) => pid,
+            None => match executor.submit::<CounterState>(Counter::named("p")).await {
+                Ok(pid) => pid,
+                Err(SubmitError::Executor(ExecutorError::Killed)) => {
+                    kills += 1;
+                    // Killed after the submit's write, the procedure exists (the first id).
+                    if point == WritePoint::After {
+                        id = Some(ProcedureId::new(1));
+                    }
+                    continue;
+                }
+                Err(other) => panic!("{other}"),
+            },
+        };
+        id = Some(pid);
+        match executor.wait(pid).await {
+            Ok(outcome) => break outcome,
+            Err(ExecutorError::Killed) => kills += 1,
+            Err(other) => panic!("{other}"),
+        }
+    };
+    assert_eq!(outcome, Outcome::Succeeded);
+    assert_eq!(ledger.value("p value"), Some(26));
+    let runs = if point == WritePoint::Before { 2 } else { 1 };
+    for n in 1..=4 {
+        assert_eq!(ledger.count(&format!("p execute {n}")), runs, "step {n}");
+    }
+    // Submit, four steps and the finish are six writes; every other one (Before: every
+    // one, each before its retry) was a kill.
+    let expected = if point == WritePoint::Before { 6 } else { 3 };
+    assert_eq!(kills, expected);
+}
+
+async fn kill_before_every_write_still_counts_26(store: TestStore) {
+    kill_at_every_write(store, WritePoint::Before).await;
+}
+
+async fn kill_after_every_write_still_counts_26(store: TestStore) {
+    kill_at_every_write(store, WritePoint::After).await;
+}
+
+async fn ids_are_monotonic_across_restarts(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(
+            executor
+                .submit::<CounterState>(Counter::named("p"))
+                .await
+                .unwrap(),
+        );
+    }
+    for id in &ids {
+        executor.wait(*id).await.unwrap();
+    }
+    executor.shutdown().await.unwrap();
+    // Delete every record: ids must still not be reused.
+    let store = store.reopen();
+    let mut batch = Batch::new();
+    for id in &ids {
+        batch = batch.delete(id.get());
+    }
+    store.store.commit(batch).await.unwrap();
+    assert!(store.store.load().await.unwrap().records.is_empty());
+    let executor = start(&store, &ledger).await;
+    let next = executor
+        .submit::<CounterState>(Counter::named("q"))
+        .await
+        .unwrap();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]));
+    assert!(next > *ids.last().unwrap(), "{next} after {ids:?}");
+}
+
+async fn nonce_returns_the_same_id_also_after_restart(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let options = SubmitOptions::default().nonce("req-42");
+    let first = executor
+        .submit_with::<CounterState>(Counter::named("p"), options.clone())
+        .await
+        .unwrap();
+    let again = executor
+        .submit_with::<CounterState>(Counter::named("p"), options.clone())
+        .await
+        .unwrap();
+    assert_eq!(first, again);
+    executor.wait(first).await.unwrap();
+    executor.kill();
+    let executor = start(&store, &ledger).await;
+    let after_restart = executor
+        .submit_with::<CounterState>(Counter::named("p"), options)
+        .await
+        .unwrap();
+    assert_eq!(after_restart, first);
+    assert_eq!(executor.list().len(), 1);
+    assert_eq!(ledger.count("p execute 1"), 1);
+}
+
+async fn concurrent_submits_with_one_nonce_make_one_procedure(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let submits = (0..8).map(|_| {
+        let executor = executor.clone();
+        tokio::spawn(async move {
+            executor
+                .submit_with::<CounterState>(
+                    Counter::named("p"),
+                    SubmitOptions::default().nonce("same"),
+                )
+                .await
+                .unwrap()
+        })
+    });
+    let ids: Vec<_> = futures_join(submits).await;
+    assert!(ids.windows(2).all(|w| w[0] == w[1]), "{ids:?}");
+    assert_eq!(executor.list().len(), 1);
+}
+
+async fn futures_join<T: Send + 'static>(
+    handles: impl Iterator<Item = tokio::task::JoinHandle<T>>,
+) -> Vec<T> {
+    let mut out = Vec::new();
+    for handle in handles {
+        out.push(handle.await.unwrap());
+    }
+    out
+}
+
+/// A machine this test binary never registers.
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Orphan, env = Ledger, name = "orphan")]
+enum OrphanState {
+    #[initial]
+    #[transition(to = [Done])]
+    Start,
+    #[terminal]
+    Done,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Orphan;
+
+impl OrphanStateHandlers for Orphan {
+    async fn start(&mut self, _: &Context<Ledger>) -> Step<orphan_state::Start> {
+        Ok(orphan_state::Start::Done.into())
+    }
+}
+
+async fn unregistered_machine_is_unloadable_and_kept(store: TestStore) {
+    let ledger = Ledger::default();
+    // An executor that knows `orphan` persists one and dies before running it.
+    let writer = store
+        .builder(&ledger)
+        .register::<OrphanState>()
+        .kill_hook(|w: &procflow::executor::StoreWrite| {
+            w.kind == WriteKind::Submit && w.point == WritePoint::After
+        })
+        .start()
+        .await
+        .unwrap();
+    assert!(writer.submit::<OrphanState>(Orphan).await.is_err());
+    let before = store.store.load().await.unwrap().records;
+    assert_eq!(before.len(), 1);
+
+    // The next one does not know it: reported, kept, and everything else goes on.
+    let executor = start(&store, &ledger).await;
+    let unloadable = executor.unloadable();
+    assert_eq!(unloadable.len(), 1, "{unloadable:?}");
+    assert_eq!(unloadable[0].id.get(), before[0].id);
+    assert_eq!(unloadable[0].machine, "orphan");
+    assert!(unloadable[0].reason.contains("not registered"));
+    let id = executor
+        .submit::<CounterState>(Counter::named("p"))
+        .await
+        .unwrap();
+    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    let after = store.store.load().await.unwrap().records;
+    assert_eq!(
+        after.iter().find(|r| r.id == before[0].id),
+        Some(&before[0])
+    );
+}
+
+async fn suspended_procedure_runs_again_when_woken(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let counter = Counter {
+        suspend_at: Some(2),
+        ..Counter::named("p")
+    };
+    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    let mut info = executor.subscribe(id).unwrap();
+    info.wait_for(|i| matches!(i.status, Status::Suspended { .. }))
+        .await
+        .unwrap();
+    assert_eq!(
+        executor.state(id).unwrap().status,
+        Status::Suspended { event: "p".into() }
+    );
+    ledger.push("p woken");
+    assert_eq!(executor.wake("p"), 1);
+    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(ledger.count("p execute 2"), 2);
+    assert_eq!(ledger.value("p value"), Some(26));
+}
+
+async fn suspension_timeout_survives_restart(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let counter = Counter {
+        suspend_at: Some(1),
+        suspend_timeout_ms: Some(300),
+        ..Counter::named("p")
+    };
+    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    let mut info = executor.subscribe(id).unwrap();
+    info.wait_for(|i| matches!(i.status, Status::Suspended { .. }))
+        .await
+        .unwrap();
+    executor.kill();
+    // The timer is persisted: the new executor fires it (the handler then moves on).
+    ledger.push("p woken");
+    let executor = start(&store, &ledger).await;
+    assert!(matches!(
+        executor.state(id).unwrap().status,
+        Status::Suspended { .. }
+    ));
+    let started = std::time::Instant::now();
+    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(ledger.count("p execute 1"), 2);
+}
+
+async fn abort_rolls_back_at_the_next_boundary(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let counter = Counter {
+        suspend_at: Some(3),
+        ..Counter::named("p")
+    };
+    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    let mut info = executor.subscribe(id).unwrap();
+    info.wait_for(|i| matches!(i.status, Status::Suspended { .. }))
+        .await
+        .unwrap();
+    executor.abort(id).unwrap();
+    let outcome = executor.wait(id).await.unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::RolledBack(Error::fatal("aborted on request"))
+    );
+    // Steps 1 and 2 completed: each rolled back once, newest first.
+    let rollbacks: Vec<_> = ledger
+        .events()
+        .into_iter()
+        .filter(|e| e.contains("rollback"))
+        .collect();
+    assert_eq!(rollbacks, ["p rollback 2", "p rollback 1"]);
+}
+
+async fn timeout_fails_a_stuck_procedure(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let counter = Counter {
+        slow_ms: 60_000,
+        ..Counter::named("p")
+    };
+    let options = SubmitOptions::default().timeout(Duration::from_millis(250));
+    let id = executor
+        .submit_with::<CounterState>(counter, options)
+        .await
+        .unwrap();
+    let Outcome::RolledBack(error) = executor.wait(id).await.unwrap() else {
+        panic!("expected a rollback");
+    };
+    assert!(error.to_string().contains("timed out"), "{error}");
+}
+
+async fn finished_procedures_are_removed_after_retention(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = store
+        .builder(&ledger)
+        .register::<CounterState>()
+        .config(Config {
+            retention: Duration::from_millis(100),
+            cleanup_interval: Duration::from_millis(20),
+            ..test_config()
+        })
+        .start()
+        .await
+        .unwrap();
+    let options = SubmitOptions::default().nonce("n1");
+    let id = executor
+        .submit_with::<CounterState>(Counter::named("p"), options.clone())
+        .await
+        .unwrap();
+    executor.wait(id).await.unwrap();
+    assert!(executor.state(id).is_some(), "kept right after it ends");
+    for _ in 0..100 {
+        if executor.state(id).is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(executor.state(id).is_none(), "removed after retention");
+    let loaded = store.store.load().await.unwrap();
+    assert!(loaded.records.is_empty());
+    assert!(!loaded.meta.keys().any(|k| k.contains("nonce")));
+    // The nonce went with it: the same nonce now starts a new procedure.
+    let again = executor
+        .submit_with::<CounterState>(Counter::named("p"), options)
+        .await
+        .unwrap();
+    assert_ne!(again, id);
+}
+
+async fn queue_full_is_an_error_not_memory(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = store
+        .builder(&ledger)
+        .register::<CounterState>()
+        .config(Config {
+            max_running: 1,
+            queue_capacity: 1,
+            ..test_config()
+        })
+        .start()
+        .await
+        .unwrap();
+    let slow = || Counter {
+        suspend_at: Some(1),
+        ..Counter::named("slow")
+    };
+    let a = executor.submit::<CounterState>(slow()).await.unwrap();
+    let _b = executor.submit::<CounterState>(slow()).await.unwrap();
+    match executor.submit::<CounterState>(slow()).await {
+        Err(SubmitError::QueueFull { live }) => assert_eq!(live, 2),
+        other => panic!("expected QueueFull, got {other:?}"),
+    }
+    // Room again once one ends.
+    executor.abort(a).unwrap();
+    executor.wait(a).await.unwrap();
+    executor.submit::<CounterState>(slow()).await.unwrap();
+}
+
+async fn shutdown_finishes_the_step_in_flight_and_resumes_later(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let counter = Counter {
+        slow_ms: 200,
+        ..Counter::named("p")
+    };
+    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    executor.shutdown().await.unwrap();
+    // The step in flight (1) completed and was persisted; nothing else ran.
+    assert_eq!(ledger.count("p execute 1"), 1);
+    assert_eq!(ledger.count("p execute 2"), 0);
+    assert!(matches!(
+        executor.submit::<CounterState>(Counter::named("q")).await,
+        Err(SubmitError::Executor(ExecutorError::ShutDown))
+    ));
+    let store = store.reopen();
+    let executor = start(&store, &ledger).await;
+    assert_eq!(executor.state(id).unwrap().steps, 1);
+    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(ledger.count("p execute 1"), 1, "not run again");
+}
+
+async fn subscription_sees_the_terminal_state(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let id = executor
+        .submit::<CounterState>(Counter::named("p"))
+        .await
+        .unwrap();
+    let mut receiver = executor.subscribe(id).unwrap();
+    // Read nothing until well after the end: the receiver still holds the final snapshot.
+    executor.wait(id).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let last = receiver.borrow_and_update().clone();
+    assert_eq!((last.status, last.steps), (Status::Succeeded, 4));
+    // And a receiver that follows every change ends on it too.
+    let late = executor
+        .submit::<CounterState>(Counter::named("q"))
+        .await
+        .unwrap();
+    let mut follower = executor.subscribe(late).unwrap();
+    let mut seen = Vec::new();
+    loop {
+        let info = follower.borrow_and_update().clone();
+        seen.push(info.steps);
+        if info.status.is_finished() {
+            break;
+        }
+        follower.changed().await.unwrap();
+    }
+    assert_eq!(follower.borrow().status, Status::Succeeded);
+    assert!(
+        seen.windows(2).all(|w| w[0] <= w[1]),
+        "progress only grows: {seen:?}"
+    );
+}
