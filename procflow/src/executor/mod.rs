@@ -1,5 +1,5 @@
 //! The executor: runs procedures on tokio, persists every step to a
-//! [`Store`](procflow_store::Store), and after a restart resumes every unfinished procedure
+//! `Store`, and after a restart resumes every unfinished procedure
 //! from its last persisted step, or rolls it back.
 //!
 //! Use it instead of the in-memory [`Stepper`](crate::Stepper) whenever the work must

@@ -84,14 +84,14 @@ pub(crate) fn describe<E>(
     // write): until then a procedure whose last step ended it is still finishing.
     let ended = envelope.finished_ms.is_some();
     let (status, cause) = match (procedure.phase(), &envelope.wait) {
-        (Phase::Running, Wait::Ready) => (Status::Runnable, None),
-        (Phase::Running, Wait::Children(_)) => (Status::WaitingChildren, None),
-        (Phase::Running, Wait::Event { name, .. }) => (
+        (_, Wait::Children(_)) if !ended => (Status::WaitingChildren, None),
+        (_, Wait::Event { name, .. }) if !ended => (
             Status::Suspended {
                 event: name.clone(),
             },
             None,
         ),
+        (Phase::Running, _) => (Status::Runnable, None),
         (Phase::RollingBack { cause }, _) => (Status::RollingBack, Some(cause)),
         (Phase::Succeeded, _) if !ended => (Status::Runnable, None),
         (Phase::RolledBack { cause } | Phase::Failed { cause }, _) if !ended => {
@@ -149,14 +149,16 @@ impl<E: Send + Sync + 'static> Runner<E> {
         if !self.inner.is_running() {
             return Err(Exit);
         }
-        if self.procedure.phase().is_finished() {
-            self.finish().await?;
-            return Err(Exit);
-        }
+        // Waits first: a step that spawned children has already moved to the state after
+        // them, which may be terminal; the procedure ends only once they have.
         match &self.envelope.wait {
             Wait::Ready => {}
             Wait::Children(_) => return self.await_children().await,
             Wait::Event { .. } => return self.await_event().await,
+        }
+        if self.procedure.phase().is_finished() {
+            self.finish().await?;
+            return Err(Exit);
         }
         if self.at_boundary() {
             return self.persist(WriteKind::Rollback).await;

@@ -228,6 +228,11 @@ impl TestStore {
         }
     }
 
+    /// Whether this is the WAL variant (a test that makes fresh stores makes the same kind).
+    pub fn dir_kind(&self) -> bool {
+        self.dir.is_some()
+    }
+
     pub fn builder(&self, ledger: &Ledger) -> ExecutorBuilder<Ledger> {
         Executor::builder(Arc::clone(&self.store), ledger.clone()).config(test_config())
     }
