@@ -188,8 +188,25 @@ fn check_rollback_flags_agree(cx: &Ctxt, machine: &Machine<'_>) {
     }
 }
 
-// Generated handler names do not collide (`RollbackFoo` vs the rollback of `Foo`).
+/// Methods the handler trait has besides the generated handlers.
+const RESERVED_METHODS: [&str; 1] = ["locks"];
+
+// Generated handler names do not collide (`RollbackFoo` vs the rollback of `Foo`), nor
+// with the trait's own methods (`Locks` vs `locks`).
 fn check_handler_names_unique(cx: &Ctxt, machine: &Machine<'_>) {
+    for state in machine.steps() {
+        let method = names::execute_method(state.ident).to_string();
+        if RESERVED_METHODS.contains(&method.as_str()) {
+            cx.error_at(
+                state.ident,
+                format_args!(
+                    "the handler of `{}` would be `{method}`, which the handler trait uses to \
+                     declare locks: rename the state",
+                    state.ident
+                ),
+            );
+        }
+    }
     let mut seen: Vec<(String, &Ident)> = Vec::new();
     for state in machine.steps() {
         let mut methods = vec![names::execute_method(state.ident)];

@@ -141,8 +141,9 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
             };
             (method.to_string(), tokens)
         });
-    // In a sound machine the names are unique; after a collision the fallback keeps one.
-    let mut seen = Vec::new();
+    // In a sound machine the names are unique; after a collision the fallback keeps one
+    // (and leaves out a handler named like the trait's own `locks`).
+    let mut seen = vec![String::from("locks")];
     let methods = execute.chain(rollback).filter(|(name, _)| {
         let fresh = !seen.contains(name);
         seen.push(name.clone());
@@ -153,6 +154,21 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
         #[doc = #doc]
         #vis trait #trait_ident: ::core::marker::Send {
             #(#methods)*
+
+            /// The locks this procedure takes (none by default). Override it to declare
+            /// entity locks; see `procflow::locks::Locks`.
+            ///
+            /// # Errors
+            ///
+            /// An invalid lock key, which fails the procedure before its first step.
+            fn locks(
+                &self,
+            ) -> ::core::result::Result<
+                ::procflow::__private::Locks,
+                ::procflow::__private::LockKeyError,
+            > {
+                ::core::result::Result::Ok(::procflow::__private::Locks::none())
+            }
         }
     }
 }
@@ -210,6 +226,15 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
 
             fn index(self) -> usize {
                 match self { #(Self::#states => #indexes,)* }
+            }
+
+            fn locks(
+                procedure: &#procedure,
+            ) -> ::core::result::Result<
+                ::procflow::__private::Locks,
+                ::procflow::__private::LockKeyError,
+            > {
+                <#procedure as #trait_ident>::locks(procedure)
             }
 
             fn execute_from_state<'a>(

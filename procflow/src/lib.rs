@@ -105,11 +105,13 @@ pub use procflow_derive::StateMachine;
 
 /// What a procedure's module needs: `use procflow::prelude::*;`.
 pub mod prelude {
+    pub use crate::locks::{Lock, Locks};
     pub use crate::{Child, Context, Error, Flow, ResultExt, StateMachine, Step};
 }
 
 /// Paths the generated code uses. Not public API.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::locks::{LockKeyError, Locks};
     pub use crate::{Context, DEFAULT_MAX_REPEATS, Error, Flow, StateInfo, StateMachine, Step};
 }

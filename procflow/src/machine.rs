@@ -1,5 +1,6 @@
 //! The trait `#[derive(StateMachine)]` implements, and the metadata it generates.
 
+use crate::locks::{LockKeyError, Locks};
 use crate::{Context, Error, Flow};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -106,6 +107,16 @@ pub trait StateMachine: Copy + Eq + Debug + Send + Sync + 'static {
         procedure: &'a mut Self::Procedure,
         ctx: &'a Context<Self::Env>,
     ) -> impl Future<Output = Result<(), Error>> + Send + 'a;
+
+    /// The locks `procedure` takes (its handler trait's `locks`; none by default).
+    ///
+    /// # Errors
+    ///
+    /// An invalid lock key; the executor then fails the procedure before its first step.
+    fn locks(procedure: &Self::Procedure) -> Result<Locks, LockKeyError> {
+        let _ = procedure;
+        Ok(Locks::none())
+    }
 
     /// The metadata of `self`.
     #[must_use]

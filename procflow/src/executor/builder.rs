@@ -10,6 +10,7 @@ use super::inner::{Inner, Mode, Table};
 use super::record::{Envelope, NEXT_ID_KEY, NONCE_PREFIX};
 use super::runner::{self, Launch};
 use super::status::Unloadable;
+use crate::locks::LockTable;
 use crate::{ProcedureId, StateMachine};
 use procflow_store::{Loaded, Record, Store};
 use std::collections::HashMap;
@@ -96,6 +97,7 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             config: self.config,
             registry: self.registry,
             table: std::sync::Mutex::new(table),
+            locks: LockTable::new(),
             nonce_gate: tokio::sync::Mutex::new(()),
             mode: watch::Sender::new(Mode::Running),
             hook: self.hook,

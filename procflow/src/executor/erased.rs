@@ -3,6 +3,7 @@
 
 use crate::codec::{self, CodecError};
 use crate::instance::{Instance, Progress};
+use crate::locks::{LockKeyError, Locks};
 use crate::{Child, Context, Error, Phase, StateMachine};
 use futures_util::future::BoxFuture;
 use std::any::TypeId;
@@ -35,6 +36,7 @@ pub(crate) trait DynProcedure<E>: Send {
     fn start_rollback(&mut self, cause: Error);
     fn fail(&mut self, cause: Error);
     fn encode_into(&self, out: Vec<u8>) -> Result<Vec<u8>, CodecError>;
+    fn locks(&self) -> Result<Locks, LockKeyError>;
 }
 
 impl<M: StateMachine> DynProcedure<M::Env> for Instance<M> {
@@ -77,6 +79,9 @@ impl<M: StateMachine> DynProcedure<M::Env> for Instance<M> {
     }
     fn encode_into(&self, out: Vec<u8>) -> Result<Vec<u8>, CodecError> {
         codec::encode_into(&self.procedure, &self.cursor, out)
+    }
+    fn locks(&self) -> Result<Locks, LockKeyError> {
+        M::locks(&self.procedure)
     }
 }
 

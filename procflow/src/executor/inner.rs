@@ -7,6 +7,7 @@ use super::hooks::{KillHook, StoreWrite, WriteKind, WritePoint};
 use super::record::NEXT_ID_KEY;
 use super::status::{ProcedureInfo, Unloadable};
 use crate::ProcedureId;
+use crate::locks::LockTable;
 use procflow_store::{Batch, Op, Store};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -40,6 +41,7 @@ pub(crate) struct Inner<E> {
     /// Root procedures live or queued, for backpressure.
     pub(crate) live_roots: AtomicUsize,
     pub(crate) table: Mutex<Table>,
+    pub(crate) locks: LockTable,
     /// Serialises submits that carry a nonce, so one nonce makes one procedure.
     pub(crate) nonce_gate: tokio::sync::Mutex<()>,
     pub(crate) mode: watch::Sender<Mode>,

@@ -61,6 +61,7 @@ pub use hooks::{KillHook, StoreWrite, WriteKind, WritePoint};
 pub use status::{Outcome, ProcedureInfo, Status, Unloadable};
 
 use crate::instance::Instance;
+use crate::locks::Lock;
 use crate::{Cursor, ProcedureId, StateMachine};
 use inner::{Inner, Mode};
 use procflow_store::{Batch, Op, Store};
@@ -344,6 +345,28 @@ impl<E: Send + Sync + 'static> Executor<E> {
         entry.abort = true;
         entry.wake.notify_one();
         Ok(())
+    }
+
+    /// The locks held right now, by procedure, in the order they were granted.
+    #[must_use]
+    pub fn held_locks(&self) -> Vec<(ProcedureId, Lock)> {
+        self.inner
+            .locks
+            .holders()
+            .into_iter()
+            .map(|(owner, lock)| (ProcedureId::new(owner), lock))
+            .collect()
+    }
+
+    /// The procedures waiting for locks, oldest first.
+    #[must_use]
+    pub fn lock_waiters(&self) -> Vec<ProcedureId> {
+        self.inner
+            .locks
+            .waiters()
+            .into_iter()
+            .map(ProcedureId::new)
+            .collect()
     }
 
     /// Stored procedures that could not be loaded at start (left in the store untouched).

@@ -5,6 +5,7 @@ use super::hooks::WriteKind;
 use super::inner::{Entry, Inner};
 use super::record::{Envelope, Wait, now_ms};
 use super::status::{ProcedureInfo, Status};
+use crate::locks::{Hold, Locks};
 use crate::{Child, Context, Error, Phase, ProcedureId};
 use futures_util::FutureExt;
 use procflow_store::Batch;
@@ -43,6 +44,8 @@ pub(crate) fn launch<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, launch: La
         id: launch.id,
         parent: launch.parent,
         ancestors: launch.ancestors,
+        locks: launch.procedure.locks().map_err(Error::fatal_from),
+        holding: false,
         procedure: launch.procedure,
         envelope: launch.envelope,
         wake,
@@ -116,8 +119,11 @@ struct Runner<E> {
     inner: Arc<Inner<E>>,
     id: u64,
     parent: Option<u64>,
-    #[allow(dead_code)] // Read by the lock table (children share their ancestors' locks).
+    /// Parent, grandparent…: a child may take locks they hold.
     ancestors: Vec<u64>,
+    /// What it declared (or why that failed), and whether it holds them now.
+    locks: Result<Locks, Error>,
+    holding: bool,
     procedure: Box<dyn DynProcedure<E>>,
     envelope: Envelope,
     ctx: Context<E>,
@@ -141,7 +147,13 @@ impl<E: Send + Sync + 'static> Runner<E> {
         } else {
             None
         };
-        while self.turn().await.is_ok() {}
+        // Locks held for life are held while the procedure waits too: take them before
+        // anything else, also when it resumes suspended after a restart.
+        let for_life = matches!(&self.locks, Ok(locks) if locks.hold() == Hold::ForLife);
+        if !for_life || self.take_locks().await.is_ok() {
+            while self.turn().await.is_ok() {}
+        }
+        self.release_locks();
     }
 
     /// One turn of the loop: finish, wait, or run one step.
@@ -163,12 +175,52 @@ impl<E: Send + Sync + 'static> Runner<E> {
         if self.at_boundary() {
             return self.persist(WriteKind::Rollback).await;
         }
+        if let (Err(error), Phase::Running) = (&self.locks, self.procedure.phase()) {
+            // The procedure cannot say what it locks: it must not run a forward step.
+            let error = error.clone();
+            return self.on_failure(error).await;
+        }
+        self.take_locks().await?;
         let progress = self.run_step().await?;
         if self.inner.is_halted() {
             // Killed while the step ran: its effect happened, its result is not persisted.
             return Err(Exit);
         }
-        self.after_step(progress).await
+        let result = self.after_step(progress).await;
+        if matches!(&self.locks, Ok(locks) if locks.hold() == Hold::PerStep) {
+            self.release_locks();
+        }
+        result
+    }
+
+    /// Waits (parked, without a worker) until the declared locks are granted.
+    async fn take_locks(&mut self) -> Result<(), Exit> {
+        let Ok(locks) = &self.locks else {
+            return Ok(());
+        };
+        if self.holding || locks.locks().is_empty() {
+            return Ok(());
+        }
+        let table = &self.inner.locks;
+        if !table.try_acquire(self.id, &self.ancestors, locks.locks()) {
+            self.inner.publish(ProcedureInfo {
+                status: Status::WaitingForLock,
+                ..self.info()
+            });
+            tokio::select! {
+                () = table.acquire(self.id, &self.ancestors, locks.locks()) => {}
+                () = self.inner.stopping() => return Err(Exit),
+            }
+        }
+        self.holding = true;
+        Ok(())
+    }
+
+    fn release_locks(&mut self) {
+        if self.holding {
+            self.inner.locks.release(self.id);
+            self.holding = false;
+        }
     }
 
     async fn after_step(&mut self, progress: DynProgress) -> Result<(), Exit> {
@@ -436,6 +488,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
         let value = self.encode()?;
         self.commit(WriteKind::Finish, Batch::new().finish(self.id, value))
             .await?;
+        self.release_locks();
         let info = self.info();
         let counter = match info.status {
             Status::Succeeded => "procflow_succeeded_total",

@@ -10,6 +10,8 @@ pub enum Status {
     Runnable,
     /// Waiting for its children to end.
     WaitingChildren,
+    /// Waiting for the locks it declared (holding no worker).
+    WaitingForLock,
     /// Parked until `event` is woken (or its timeout elapses).
     Suspended {
         /// The event's name.
