@@ -273,7 +273,10 @@ impl<E: Send + Sync + 'static> Runner<E> {
         let machine = self.procedure.machine();
         let deadline = self.deadline();
         let started = Instant::now();
-        let step = AssertUnwindSafe(self.procedure.step(&self.ctx)).catch_unwind();
+        let span = tracing::info_span!("step", state, steps = self.procedure.steps());
+        let step = AssertUnwindSafe(self.procedure.step(&self.ctx))
+            .catch_unwind()
+            .instrument(span);
         let outcome = match deadline {
             Some(left) => tokio::time::timeout(left, step)
                 .await
