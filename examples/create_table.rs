@@ -1,25 +1,24 @@
 //! The README's main job: create a "table" in a directory, one durable step at a time, on
-//! the embedded write-ahead log.
+//! the embedded write-ahead log, with one child procedure per region.
 //!
 //! ```text
-//! cargo run --example create_table                      # fresh temp dir, runs to the end
-//! cargo run --example create_table -- --dir /tmp/t --crash-at AddToMeta   # exits mid-way
-//! cargo run --example create_table -- --dir /tmp/t      # resumes from the last step
+//! cargo run --example create_table                                   # fresh temp dir
+//! cargo run --example create_table -- --dir /tmp/t --crash-at AddToMeta   # dies mid-way
+//! cargo run --example create_table -- --dir /tmp/t                   # resumes, finishes
 //! ```
 //!
-//! Every step's result is committed to the `WalStore` (durable: fdatasync) before the next
-//! step runs, so a run that dies anywhere resumes from its last committed step. The step
-//! that was running when the process died runs again, which is why every handler here is
-//! idempotent (it writes whole files). This example drives the machine with
-//! `procflow::Stepper` and persists by hand; the executor will do both for you.
+//! `--crash-at STATE` exits the process abruptly inside that state's handler, before its
+//! result is persisted: the next run (same `--dir`) resumes from the last persisted step
+//! and runs that step again, which is why every handler here is idempotent (it writes
+//! whole files). The submit carries a nonce, so the next run finds the same procedure
+//! instead of starting another.
 
+use procflow::executor::{Executor, Outcome, SubmitOptions};
 use procflow::prelude::*;
-use procflow::{Cursor, Phase, StepReport, Stepper, codec};
-use procflow_store::{Batch, Store, WalConfig, WalStore};
+use procflow::store::{WalConfig, WalStore};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 #[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
 #[state_machine(procedure = CreateTable, name = "create_table", env = Catalog)]
@@ -33,16 +32,48 @@ enum CreateTableState {
     #[transition(to = [AssignRegions])]
     #[rollback]
     AddToMeta,
-    #[transition(to = [Created])]
+    #[transition(to = [Enable])]
     #[no_rollback]
     AssignRegions,
+    #[transition(to = [Created])]
+    Enable,
     #[terminal]
     Created,
+}
+
+/// One region of the table: a child procedure of `AssignRegions`.
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = OpenRegion, name = "open_region", env = Catalog)]
+enum OpenRegionState {
+    #[initial]
+    #[transition(to = [Opened])]
+    Open,
+    #[terminal]
+    Opened,
 }
 
 /// Where tables live: `<root>/tables/<name>/` and `<root>/meta/<name>`.
 struct Catalog {
     root: PathBuf,
+    crash_at: Option<String>,
+}
+
+impl Catalog {
+    fn table_dir(&self, table: &str) -> PathBuf {
+        self.root.join("tables").join(table)
+    }
+
+    fn meta_file(&self, table: &str) -> PathBuf {
+        self.root.join("meta").join(table)
+    }
+
+    /// `--crash-at`: die here, as a `kill -9` would, before the step's result is stored.
+    fn maybe_crash(&self, state: &str) {
+        if self.crash_at.as_deref() == Some(state) {
+            println!("--crash-at {state}: exiting abruptly (run again with --dir to resume)");
+            std::process::exit(42);
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -51,13 +82,10 @@ struct CreateTable {
     regions: u32,
 }
 
-impl CreateTable {
-    fn table_dir(&self, catalog: &Catalog) -> PathBuf {
-        catalog.root.join("tables").join(&self.name)
-    }
-    fn meta_file(&self, catalog: &Catalog) -> PathBuf {
-        catalog.root.join("meta").join(&self.name)
-    }
+#[derive(Serialize, Deserialize)]
+struct OpenRegion {
+    table: String,
+    region: u32,
 }
 
 /// Writes a whole file (create or replace), so running it twice has the effect of once.
@@ -80,10 +108,11 @@ fn remove(path: &Path) -> Result<(), Error> {
 
 impl CreateTableStateHandlers for CreateTable {
     async fn prepare(&mut self, ctx: &Context<Catalog>) -> Step<create_table_state::Prepare> {
+        ctx.env().maybe_crash("Prepare");
         if self.name.is_empty() || self.name.contains('/') {
             return Err(Error::fatal(format!("bad table name {:?}", self.name)));
         }
-        if self.meta_file(ctx.env()).exists() {
+        if ctx.env().meta_file(&self.name).exists() {
             return Err(Error::fatal(format!("table {} already exists", self.name)));
         }
         Ok(create_table_state::Prepare::WriteLayout.into())
@@ -93,46 +122,70 @@ impl CreateTableStateHandlers for CreateTable {
         &mut self,
         ctx: &Context<Catalog>,
     ) -> Step<create_table_state::WriteLayout> {
+        ctx.env().maybe_crash("WriteLayout");
         let layout = format!("table={}\nregions={}\n", self.name, self.regions);
-        write_file(&self.table_dir(ctx.env()).join("layout"), &layout)?;
+        write_file(&ctx.env().table_dir(&self.name).join("layout"), &layout)?;
         Ok(create_table_state::WriteLayout::AddToMeta.into())
     }
 
     async fn rollback_write_layout(&mut self, ctx: &Context<Catalog>) -> Result<(), Error> {
-        remove(&self.table_dir(ctx.env()))
+        remove(&ctx.env().table_dir(&self.name))
     }
 
     async fn add_to_meta(&mut self, ctx: &Context<Catalog>) -> Step<create_table_state::AddToMeta> {
-        write_file(&self.meta_file(ctx.env()), "state=enabling\n")?;
+        ctx.env().maybe_crash("AddToMeta");
+        write_file(&ctx.env().meta_file(&self.name), "state=enabling\n")?;
         Ok(create_table_state::AddToMeta::AssignRegions.into())
     }
 
     async fn rollback_add_to_meta(&mut self, ctx: &Context<Catalog>) -> Result<(), Error> {
-        remove(&self.meta_file(ctx.env()))
+        remove(&ctx.env().meta_file(&self.name))
     }
 
     async fn assign_regions(
         &mut self,
         ctx: &Context<Catalog>,
     ) -> Step<create_table_state::AssignRegions> {
-        for region in 0..self.regions {
-            let file = self.table_dir(ctx.env()).join(format!("region-{region}"));
-            write_file(
-                &file,
-                &format!("region={region}\nserver=rs-{}\n", region % 3),
-            )?;
-        }
-        write_file(&self.meta_file(ctx.env()), "state=enabled\n")?;
-        Ok(create_table_state::AssignRegions::Created.into())
+        ctx.env().maybe_crash("AssignRegions");
+        let children = (0..self.regions)
+            .map(|region| {
+                Child::new::<OpenRegionState>(&OpenRegion {
+                    table: self.name.clone(),
+                    region,
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Flow::spawn(
+            children,
+            create_table_state::AssignRegions::Enable,
+        ))
+    }
+
+    async fn enable(&mut self, ctx: &Context<Catalog>) -> Step<create_table_state::Enable> {
+        ctx.env().maybe_crash("Enable");
+        write_file(&ctx.env().meta_file(&self.name), "state=enabled\n")?;
+        Ok(create_table_state::Enable::Created.into())
     }
 }
 
-/// The id of the one procedure this example runs.
-const PROCEDURE: u64 = 1;
+impl OpenRegionStateHandlers for OpenRegion {
+    async fn open(&mut self, ctx: &Context<Catalog>) -> Step<open_region_state::Open> {
+        ctx.env().maybe_crash("Open");
+        let file = ctx
+            .env()
+            .table_dir(&self.table)
+            .join(format!("region-{}", self.region));
+        write_file(
+            &file,
+            &format!("region={}\nserver=rs-{}\n", self.region, self.region % 3),
+        )?;
+        Ok(open_region_state::Open::Opened.into())
+    }
+}
 
 struct Args {
     dir: PathBuf,
-    crash_at: Option<CreateTableState>,
+    crash_at: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -145,11 +198,15 @@ fn parse_args() -> Result<Args, String> {
             "--dir" => dir = Some(PathBuf::from(value()?)),
             "--crash-at" => {
                 let name = value()?;
-                let names: Vec<_> = CreateTableState::STATES.iter().map(|s| s.name()).collect();
-                crash_at = Some(CreateTableState::from_name(&name).ok_or(format!(
-                    "--crash-at {name}: not a state; the states are {}",
-                    names.join(", ")
-                ))?);
+                let states = CreateTableState::STATES.iter().map(|s| s.name());
+                let names: Vec<_> = states.chain(["Open"]).collect();
+                if !names.contains(&name.as_str()) {
+                    return Err(format!(
+                        "--crash-at {name}: not a state; the states are {}",
+                        names.join(", ")
+                    ));
+                }
+                crash_at = Some(name);
             }
             "-h" | "--help" => {
                 return Err("usage: create_table [--dir DIR] [--crash-at STATE]".into());
@@ -170,100 +227,81 @@ fn parse_args() -> Result<Args, String> {
     Ok(Args { dir, crash_at })
 }
 
-async fn persist(
-    store: &WalStore,
-    run: &Stepper<CreateTableState>,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let value = codec::encode(run.procedure(), run.cursor())?;
-    let batch = if run.cursor().phase().is_finished() {
-        Batch::new().finish(PROCEDURE, value)
-    } else {
-        Batch::new().put(PROCEDURE, None, value)
-    };
-    store.commit(batch).await?;
-    Ok(())
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = parse_args().map_err(|message| {
+    let args = parse_args().unwrap_or_else(|message| {
         eprintln!("{message}");
         std::process::exit(2)
-    })?;
-    println!("catalog: {}", args.dir.display());
-    let store = WalStore::open(args.dir.join("wal"), WalConfig::default())?;
-    let loaded = store.load().await?;
-    let catalog = Arc::new(Catalog {
-        root: args.dir.clone(),
     });
-
-    let mut run = match loaded.records.iter().find(|r| r.id == PROCEDURE) {
-        Some(record) if record.finished => {
-            let (table, cursor) = codec::decode::<CreateTableState>(&record.value)?;
-            println!(
-                "`{}` already finished in this catalog: {:?}",
-                table.name,
-                cursor.phase()
-            );
-            return Ok(());
-        }
-        Some(record) => {
-            let (table, cursor) = codec::decode::<CreateTableState>(&record.value)?;
-            println!(
-                "resuming `{}` at {:?} after {} steps",
-                table.name,
-                cursor.state(),
-                cursor.steps()
-            );
-            Stepper::resume(table, cursor, catalog)
-        }
-        None => {
-            let table = CreateTable {
-                name: "users".into(),
-                regions: 4,
-            };
-            let run = Stepper::resume(table, Cursor::new(), catalog);
-            persist(&store, &run).await?;
-            println!("submitted `users` ({} regions)", run.procedure().regions);
-            run
-        }
+    println!("catalog: {}", args.dir.display());
+    let store = Arc::new(WalStore::open(args.dir.join("wal"), WalConfig::default())?);
+    let catalog = Catalog {
+        root: args.dir.clone(),
+        crash_at: args.crash_at,
     };
+    let executor = Executor::builder(store, catalog)
+        .register::<CreateTableState>()
+        .register::<OpenRegionState>()
+        .start()
+        .await?;
 
-    while !run.cursor().phase().is_finished() {
-        let report = run.step().await;
-        persist(&store, &run).await?;
-        match &report {
-            StepReport::Moved { from, to } => {
-                println!("step {:>2}: {from:?} -> {to:?}", run.cursor().steps());
-                if args.crash_at == Some(*to) {
-                    println!(
-                        "--crash-at {to:?}: exiting abruptly (run again with --dir to resume)"
-                    );
-                    std::process::exit(42);
-                }
-            }
-            StepReport::RolledBack(state) => println!("rolled back {state:?}"),
-            StepReport::RetryLater(error) => {
-                println!("retrying: {error}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            other => println!("{other:?}"),
+    // The nonce makes the submit idempotent: a second run gets the first run's procedure.
+    let table = CreateTable {
+        name: "users".into(),
+        regions: 4,
+    };
+    let options = SubmitOptions::default().nonce("create-table-users");
+    let id = executor
+        .submit_with::<CreateTableState>(table, options)
+        .await?;
+    let info = executor.state(id).expect("just submitted");
+    if info.status.is_finished() {
+        println!(
+            "`users` already finished in this catalog: {:?}",
+            info.status
+        );
+        return Ok(());
+    }
+    if info.steps > 0 {
+        println!(
+            "resuming `users` at {} after {} steps",
+            info.state, info.steps
+        );
+    } else {
+        println!("submitted `users` (4 regions) as procedure {id}");
+    }
+
+    let mut updates = executor.subscribe(id).expect("known procedure");
+    let mut last = (String::new(), u64::MAX);
+    loop {
+        let info = updates.borrow_and_update().clone();
+        if (info.state.to_owned(), info.steps) != last {
+            println!("step {:>2}: {} ({:?})", info.steps, info.state, info.status);
+            last = (info.state.to_owned(), info.steps);
+        }
+        if info.status.is_finished() || updates.changed().await.is_err() {
+            break;
         }
     }
-    store.close().await?;
-    match run.cursor().phase() {
-        Phase::Succeeded => println!(
-            "table `{}` created: {} regions under {}",
-            run.procedure().name,
-            run.procedure().regions,
-            run.procedure()
-                .table_dir(&Catalog { root: args.dir })
-                .display()
-        ),
+    let outcome = executor.wait(id).await?;
+    let regions = executor
+        .list()
+        .iter()
+        .filter(|p| p.parent == Some(id))
+        .count();
+    executor.shutdown().await?;
+    match outcome {
+        Outcome::Succeeded => {
+            let dir = args.dir.join("tables").join("users");
+            println!(
+                "table `users` created: {regions} regions under {}",
+                dir.display()
+            );
+            Ok(())
+        }
         other => {
             println!("table not created: {other:?}");
             std::process::exit(1);
         }
     }
-    Ok(())
 }

@@ -10,12 +10,14 @@
 //! # Example
 //!
 //! ```
+//! use procflow::executor::{Executor, Outcome};
 //! use procflow::prelude::*;
-//! use procflow::{Phase, Stepper};
+//! use procflow::store::MemStore;
 //! use serde::{Deserialize, Serialize};
+//! use std::sync::{Arc, Mutex};
 //!
 //! #[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
-//! #[state_machine(procedure = CreateTable)]
+//! #[state_machine(procedure = CreateTable, env = Catalog)]
 //! enum CreateTableState {
 //!     #[initial] #[transition(to = [WriteLayout])]            Prepare,
 //!     #[transition(to = [AddToMeta])] #[rollback]             WriteLayout,
@@ -24,52 +26,75 @@
 //!     #[terminal]                                             Created,
 //! }
 //!
+//! /// What the handlers act on, shared by every procedure of the executor.
+//! #[derive(Default)]
+//! struct Catalog { log: Mutex<Vec<String>> }
+//!
+//! impl Catalog {
+//!     fn record(&self, what: String) { self.log.lock().unwrap().push(what) }
+//! }
+//!
 //! #[derive(Serialize, Deserialize)]
-//! struct CreateTable { name: String, log: Vec<String> }
+//! struct CreateTable { name: String, servers: u32 }
 //!
 //! impl CreateTableStateHandlers for CreateTable {
-//!     async fn prepare(&mut self, _ctx: &Context<()>) -> Step<create_table_state::Prepare> {
+//!     async fn prepare(&mut self, _: &Context<Catalog>) -> Step<create_table_state::Prepare> {
 //!         if self.name.is_empty() {
 //!             return Err(Error::fatal("a table needs a name"));
 //!         }
 //!         Ok(create_table_state::Prepare::WriteLayout.into())
 //!     }
-//!     async fn write_layout(&mut self, _ctx: &Context<()>) -> Step<create_table_state::WriteLayout> {
-//!         self.log.push(format!("layout of {}", self.name));
+//!     async fn write_layout(&mut self, ctx: &Context<Catalog>) -> Step<create_table_state::WriteLayout> {
+//!         ctx.env().record(format!("layout {}", self.name));
 //!         Ok(create_table_state::WriteLayout::AddToMeta.into())
 //!     }
-//!     async fn add_to_meta(&mut self, _ctx: &Context<()>) -> Step<create_table_state::AddToMeta> {
-//!         self.log.push("meta".into());
+//!     async fn add_to_meta(&mut self, ctx: &Context<Catalog>) -> Step<create_table_state::AddToMeta> {
+//!         ctx.env().record(format!("meta {}", self.name));
 //!         Ok(create_table_state::AddToMeta::AssignRegions.into())
 //!     }
-//!     async fn assign_regions(&mut self, _ctx: &Context<()>) -> Step<create_table_state::AssignRegions> {
-//!         Err(Error::fatal("no region server is up"))
+//!     async fn assign_regions(&mut self, _: &Context<Catalog>) -> Step<create_table_state::AssignRegions> {
+//!         if self.servers == 0 {
+//!             return Err(Error::fatal("no region server is up"));
+//!         }
+//!         Ok(create_table_state::AssignRegions::Created.into())
 //!     }
-//!     async fn rollback_write_layout(&mut self, _ctx: &Context<()>) -> Result<(), Error> {
-//!         self.log.push("undo layout".into());
+//!     async fn rollback_write_layout(&mut self, ctx: &Context<Catalog>) -> Result<(), Error> {
+//!         ctx.env().record(format!("undo layout {}", self.name));
 //!         Ok(())
 //!     }
-//!     async fn rollback_add_to_meta(&mut self, _ctx: &Context<()>) -> Result<(), Error> {
-//!         self.log.push("undo meta".into());
+//!     async fn rollback_add_to_meta(&mut self, ctx: &Context<Catalog>) -> Result<(), Error> {
+//!         ctx.env().record(format!("undo meta {}", self.name));
 //!         Ok(())
 //!     }
 //! }
 //!
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
-//! let table = CreateTable { name: "users".into(), log: vec![] };
-//! let mut run = Stepper::<CreateTableState>::new(table, ());
+//! // Every step is persisted to the store before the next one runs (use a `WalStore` to
+//! // survive the process; `MemStore` keeps this example self-contained).
+//! let executor = Executor::builder(Arc::new(MemStore::new()), Catalog::default())
+//!     .register::<CreateTableState>()
+//!     .start()
+//!     .await?;
+//!
+//! let users = executor.submit::<CreateTableState>(CreateTable { name: "users".into(), servers: 3 }).await?;
+//! assert_eq!(executor.wait(users).await?, Outcome::Succeeded);
+//!
 //! // `assign_regions` fails: the completed steps are undone, newest first.
-//! assert!(matches!(run.run().await, Phase::RolledBack { .. }));
-//! assert_eq!(run.procedure().log, ["layout of users", "meta", "undo meta", "undo layout"]);
-//! # });
+//! let logs = executor.submit::<CreateTableState>(CreateTable { name: "logs".into(), servers: 0 }).await?;
+//! assert_eq!(executor.wait(logs).await?, Outcome::RolledBack(Error::fatal("no region server is up")));
+//! executor.shutdown().await?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
 //! ```
 //!
-//! [`Stepper`] runs a procedure in memory; the executor (persisting every step to a
-//! `procflow-store` store and resuming after a crash) builds on the same types.
+//! A machine can also be run in memory, one step at a time, with [`Stepper`] (handy in
+//! unit tests of handlers).
 //!
 //! # Modules
 //!
 //! - [`attributes`]: every attribute of the derive, with an example each.
+//! - [`executor`]: runs procedures durably; [`store`] holds the stores it persists to.
+//! - [`locks`]: entity locks procedures declare.
 //! - [`codec`]: the persisted form of a procedure.
 //! - [`mod@diagram`]: a Mermaid picture of a machine.
 
@@ -102,6 +127,9 @@ pub use stepper::{StepReport, Stepper};
 
 /// Derives [`StateMachine`] for an enum of states; see [`attributes`] for every attribute.
 pub use procflow_derive::StateMachine;
+
+/// The stores procedures are persisted to (the `procflow-store` crate).
+pub use procflow_store as store;
 
 /// What a procedure's module needs: `use procflow::prelude::*;`.
 pub mod prelude {
