@@ -198,6 +198,19 @@ impl<M: StateMachine> Cursor<M> {
             .find(|s| s.has_rollback())
     }
 
+    /// How many completed states stay on the rollback stack once the pending rollback step
+    /// is done (0 when nothing is left to undo): children spawned above this depth must be
+    /// undone first.
+    pub(crate) fn rollback_floor(&self) -> usize {
+        if !matches!(self.phase, Phase::RollingBack { .. }) {
+            return 0;
+        }
+        self.completed
+            .iter()
+            .rposition(|s| s.has_rollback())
+            .unwrap_or(0)
+    }
+
     /// Records that [`pending_rollback`](Self::pending_rollback) was undone.
     pub fn rolled_back(&mut self) {
         if let Some(at) = self.completed.iter().rposition(|s| s.has_rollback()) {

@@ -16,6 +16,8 @@ on_both_stores! {
     failed_child_rolls_back_the_parent_keeping_its_error => failed_child_rolls_back_the_parent_keeping_its_error;
     double_execution_with_a_child_runs_each_step_twice => double_execution_with_a_child_runs_each_step_twice;
     children_are_written_with_the_parent_step => children_are_written_with_the_parent_step;
+    succeeded_children_are_rolled_back_newest_first => succeeded_children_are_rolled_back_newest_first;
+    tree_rollback_survives_a_kill_before_every_write => tree_rollback_survives_a_kill_before_every_write;
 }
 
 /// HBase TestStateMachineProcedure's machine: STEP_1 → STEP_2, which spawns children.
@@ -274,4 +276,190 @@ async fn children_are_written_with_the_parent_step(store: TestStore) {
         // The children's work is done once per surviving spawn.
         assert_eq!(ledger.count("a execute"), 1);
     }
+}
+
+/// A tree: `Two` spawns children whose work can be undone; `Four` fails after them.
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Tree, env = Ledger)]
+enum TreeState {
+    #[initial]
+    #[transition(to = [Two])]
+    #[rollback]
+    One,
+    #[transition(to = [Three])]
+    #[rollback]
+    Two,
+    #[transition(to = [Four])]
+    #[rollback]
+    Three,
+    #[transition(to = [Done])]
+    Four,
+    #[terminal]
+    Done,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Tree {
+    leaves: Vec<String>,
+}
+
+impl TreeStateHandlers for Tree {
+    async fn one(&mut self, ctx: &Context<Ledger>) -> Step<tree_state::One> {
+        ctx.env().push("tree execute 1");
+        Ok(tree_state::One::Two.into())
+    }
+    async fn two(&mut self, ctx: &Context<Ledger>) -> Step<tree_state::Two> {
+        ctx.env().push("tree execute 2");
+        let leaves = self
+            .leaves
+            .iter()
+            .map(|name| Child::new::<LeafState>(&Leaf { name: name.clone() }))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Flow::spawn(leaves, tree_state::Two::Three))
+    }
+    async fn three(&mut self, ctx: &Context<Ledger>) -> Step<tree_state::Three> {
+        ctx.env().push("tree execute 3");
+        Ok(tree_state::Three::Four.into())
+    }
+    async fn four(&mut self, ctx: &Context<Ledger>) -> Step<tree_state::Four> {
+        ctx.env().push("tree execute 4");
+        Err(Error::fatal("step 4 failed"))
+    }
+    async fn rollback_one(&mut self, ctx: &Context<Ledger>) -> Result<(), Error> {
+        ctx.env().push("tree rollback 1");
+        Ok(())
+    }
+    async fn rollback_two(&mut self, ctx: &Context<Ledger>) -> Result<(), Error> {
+        ctx.env().push("tree rollback 2");
+        Ok(())
+    }
+    async fn rollback_three(&mut self, ctx: &Context<Ledger>) -> Result<(), Error> {
+        ctx.env().push("tree rollback 3");
+        Ok(())
+    }
+}
+
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Leaf, env = Ledger)]
+enum LeafState {
+    #[initial]
+    #[transition(to = [Done])]
+    #[rollback]
+    Grow,
+    #[terminal]
+    Done,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Leaf {
+    name: String,
+}
+
+impl LeafStateHandlers for Leaf {
+    async fn grow(&mut self, ctx: &Context<Ledger>) -> Step<leaf_state::Grow> {
+        ctx.env().push(format!("{} execute", self.name));
+        Ok(leaf_state::Grow::Done.into())
+    }
+    async fn rollback_grow(&mut self, ctx: &Context<Ledger>) -> Result<(), Error> {
+        ctx.env().push(format!("{} rollback", self.name));
+        Ok(())
+    }
+}
+
+fn tree_builder(store: &TestStore, ledger: &Ledger) -> procflow::executor::ExecutorBuilder<Ledger> {
+    store
+        .builder(ledger)
+        .register::<TreeState>()
+        .register::<LeafState>()
+}
+
+fn rollbacks(ledger: &Ledger) -> Vec<String> {
+    ledger
+        .events()
+        .into_iter()
+        .filter(|e| e.contains("rollback"))
+        .collect()
+}
+
+/// Unlike HBase (which leaves succeeded children alone), the rollback stack spans the
+/// tree: Three, then the children Two spawned, then Two and One.
+async fn succeeded_children_are_rolled_back_newest_first(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = tree_builder(&store, &ledger).start().await.unwrap();
+    let tree = Tree {
+        leaves: vec!["a".into(), "b".into()],
+    };
+    let id = executor.submit::<TreeState>(tree).await.unwrap();
+    assert_eq!(
+        executor.wait(id).await.unwrap(),
+        Outcome::RolledBack(Error::fatal("step 4 failed"))
+    );
+    let order = rollbacks(&ledger);
+    assert_eq!(order.len(), 5, "{order:?}");
+    assert_eq!(order[0], "tree rollback 3");
+    let mut leaves = order[1..3].to_vec();
+    leaves.sort();
+    assert_eq!(leaves, ["a rollback", "b rollback"]);
+    assert_eq!(order[3..], ["tree rollback 2", "tree rollback 1"]);
+    for leaf in executor.list().iter().filter(|p| p.parent == Some(id)) {
+        assert_eq!(leaf.status, Status::RolledBack);
+    }
+}
+
+async fn tree_rollback_survives_a_kill_before_every_write(store: TestStore) {
+    let ledger = Ledger::default();
+    let kill_next = Arc::new(AtomicBool::new(true));
+    let mut id = None;
+    let outcome = loop {
+        let toggle = Arc::clone(&kill_next);
+        let executor = tree_builder(&store, &ledger)
+            .kill_hook(move |w: &StoreWrite| {
+                w.point == WritePoint::Before && toggle.fetch_xor(true, Ordering::SeqCst)
+            })
+            .start()
+            .await
+            .unwrap();
+        let tree = Tree {
+            leaves: vec!["a".into()],
+        };
+        let pid = match id {
+            Some(pid) => pid,
+            None => match executor.submit::<TreeState>(tree).await {
+                Ok(pid) => pid,
+                Err(_) => continue,
+            },
+        };
+        id = Some(pid);
+        match executor.wait(pid).await {
+            Ok(outcome) => break outcome,
+            Err(ExecutorError::Killed) => {}
+            Err(other) => panic!("{other}"),
+        }
+    };
+    assert_eq!(outcome, Outcome::RolledBack(Error::fatal("step 4 failed")));
+    // Every step and every rollback step ran twice: once killed before its write, once
+    // persisted; the order of first runs is the tree's rollback order.
+    for event in [
+        "tree execute 1",
+        "tree execute 2",
+        "a execute",
+        "tree execute 3",
+        "tree rollback 3",
+        "a rollback",
+        "tree rollback 2",
+        "tree rollback 1",
+    ] {
+        assert_eq!(ledger.count(event), 2, "{event}: {:?}", ledger.events());
+    }
+    let mut firsts = rollbacks(&ledger);
+    firsts.dedup();
+    assert_eq!(
+        firsts,
+        [
+            "tree rollback 3",
+            "a rollback",
+            "tree rollback 2",
+            "tree rollback 1"
+        ]
+    );
 }

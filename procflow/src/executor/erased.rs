@@ -29,6 +29,8 @@ pub(crate) trait DynProcedure<E>: Send {
     fn state(&self) -> &'static str;
     fn phase(&self) -> &Phase;
     fn steps(&self) -> u64;
+    fn completed_len(&self) -> usize;
+    fn rollback_floor(&self) -> usize;
     fn past_point_of_no_return(&self) -> bool;
     fn step<'a>(&'a mut self, ctx: &'a Context<E>) -> BoxFuture<'a, DynProgress>;
     /// See [`Instance::fail_forward`].
@@ -51,6 +53,12 @@ impl<M: StateMachine> DynProcedure<M::Env> for Instance<M> {
     }
     fn steps(&self) -> u64 {
         self.cursor.steps()
+    }
+    fn completed_len(&self) -> usize {
+        self.cursor.completed().len()
+    }
+    fn rollback_floor(&self) -> usize {
+        self.cursor.rollback_floor()
     }
     fn past_point_of_no_return(&self) -> bool {
         self.cursor.past_point_of_no_return()

@@ -32,6 +32,15 @@ pub(crate) enum Wait {
     Event { name: String, until_ms: Option<u64> },
 }
 
+/// Children a step started: undone (if they succeeded) before the state at `depth - 1` on
+/// the rollback stack, the state that spawned them, is undone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Spawn {
+    /// The rollback stack's length right after the spawning step.
+    pub(crate) depth: usize,
+    pub(crate) children: Vec<u64>,
+}
+
 /// The runtime's part of a stored procedure.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Envelope {
@@ -44,6 +53,8 @@ pub(crate) struct Envelope {
     pub(crate) finished_ms: Option<u64>,
     /// Wall-clock time after which the procedure fails (rolls back), if it has a timeout.
     pub(crate) deadline_ms: Option<u64>,
+    /// Children started and not yet undone, oldest first.
+    pub(crate) spawns: Vec<Spawn>,
 }
 
 impl Envelope {
@@ -55,6 +66,7 @@ impl Envelope {
             submitted_ms: now_ms(),
             finished_ms: None,
             deadline_ms,
+            spawns: Vec::new(),
         }
     }
 

@@ -3,7 +3,7 @@
 use super::erased::{DynProcedure, DynProgress};
 use super::hooks::WriteKind;
 use super::inner::{Entry, Inner};
-use super::record::{Envelope, Wait, now_ms};
+use super::record::{Envelope, Spawn, Wait, now_ms};
 use super::status::{ProcedureInfo, Status};
 use crate::locks::{Hold, Locks};
 use crate::{Child, Context, Error, Phase, ProcedureId};
@@ -65,6 +65,14 @@ pub(crate) fn insert_entry<E>(inner: &Inner<E>, launch: &Launch<E>) -> Arc<Notif
         None,
     );
     let mut table = inner.table();
+    insert_entry_locked(&mut table, launch, info)
+}
+
+fn insert_entry_locked<E>(
+    table: &mut super::inner::Table,
+    launch: &Launch<E>,
+    info: ProcedureInfo,
+) -> Arc<Notify> {
     let entry = table.procs.entry(launch.id).or_insert_with(|| Entry {
         info: watch::Sender::new(info),
         wake: Arc::new(Notify::new()),
@@ -73,6 +81,25 @@ pub(crate) fn insert_entry<E>(inner: &Inner<E>, launch: &Launch<E>) -> Arc<Notif
         finished_ms: launch.envelope.finished_ms,
     });
     Arc::clone(&entry.wake)
+}
+
+/// Marks a finished procedure's entry live again (a child revived to roll back).
+fn reopen_entry<E>(inner: &Inner<E>, launch: &Launch<E>) {
+    let info = describe(
+        launch.id,
+        launch.parent,
+        launch.procedure.as_ref(),
+        &launch.envelope,
+        None,
+    );
+    let mut table = inner.table();
+    match table.procs.get_mut(&launch.id) {
+        Some(entry) => {
+            entry.finished_ms = None;
+            entry.info.send_replace(info);
+        }
+        None => drop(insert_entry_locked(&mut table, launch, info)),
+    }
 }
 
 /// The public snapshot of a procedure.
@@ -167,6 +194,9 @@ impl<E: Send + Sync + 'static> Runner<E> {
             Wait::Ready => {}
             Wait::Children(_) => return self.await_children().await,
             Wait::Event { .. } => return self.await_event().await,
+        }
+        if let Some(spawn) = self.spawn_to_undo() {
+            return self.undo_children(spawn).await;
         }
         if self.procedure.phase().is_finished() {
             self.finish().await?;
@@ -380,6 +410,10 @@ impl<E: Send + Sync + 'static> Runner<E> {
         let count = u64::try_from(children.len()).unwrap_or(u64::MAX);
         let (ids, reservation) = self.inner.allocate_ids(count);
         self.envelope.wait = Wait::Children(ids.clone());
+        self.envelope.spawns.push(Spawn {
+            depth: self.procedure.completed_len(),
+            children: ids.clone(),
+        });
         let mut batch = Batch::new();
         batch.ops.extend(reservation);
         let mut batch = batch.put(self.id, self.parent, self.encode()?);
@@ -425,6 +459,9 @@ impl<E: Send + Sync + 'static> Runner<E> {
             return Ok(());
         };
         self.publish();
+        if self.undoing() {
+            return self.await_children_undone().await;
+        }
         let verdict = children_verdict(&self.inner, ids);
         match verdict {
             None => {
@@ -441,6 +478,142 @@ impl<E: Send + Sync + 'static> Runner<E> {
                 self.envelope.wait = Wait::Ready;
                 self.procedure.start_rollback(cause);
                 self.persist(WriteKind::Rollback).await
+            }
+        }
+    }
+
+    /// Whether the procedure is undoing its work (children included) and has not ended.
+    fn undoing(&self) -> bool {
+        match self.procedure.phase() {
+            Phase::RollingBack { .. } => true,
+            Phase::RolledBack { .. } => self.envelope.finished_ms.is_none(),
+            _ => false,
+        }
+    }
+
+    /// The newest spawn whose children must be undone before the next rollback step.
+    fn spawn_to_undo(&self) -> Option<usize> {
+        if !self.undoing() {
+            return None;
+        }
+        let floor = self.procedure.rollback_floor();
+        let newest = self.envelope.spawns.iter().rposition(|s| s.depth > floor)?;
+        Some(newest)
+    }
+
+    /// Revives the spawn's children that succeeded, in rollback, atomically with this
+    /// procedure now waiting for them; children that failed already undid themselves.
+    async fn undo_children(&mut self, spawn: usize) -> Result<(), Exit> {
+        let spawn = self.envelope.spawns.remove(spawn);
+        let cause = match self.procedure.phase() {
+            Phase::RollingBack { cause } | Phase::RolledBack { cause } => cause.clone(),
+            _ => return Ok(()),
+        };
+        let mut batch = Batch::new();
+        let mut revived = Vec::new();
+        for id in spawn.children {
+            let succeeded = self
+                .inner
+                .table()
+                .procs
+                .get(&id)
+                .is_some_and(|entry| entry.info.borrow().status == Status::Succeeded);
+            if !succeeded {
+                continue;
+            }
+            let Some(mut child) = self.revive(id, &cause).await? else {
+                continue;
+            };
+            let value = child
+                .envelope
+                .encode(|out| child.procedure.encode_into(out))
+                .map_err(|_| Exit)?;
+            batch = batch.put(id, Some(self.id), value);
+            child.ancestors = std::iter::once(self.id)
+                .chain(self.ancestors.iter().copied())
+                .collect();
+            revived.push(child);
+        }
+        if !revived.is_empty() {
+            self.envelope.wait = Wait::Children(revived.iter().map(|c| c.id).collect());
+        }
+        let batch = batch.put(self.id, self.parent, self.encode()?);
+        self.commit(WriteKind::Rollback, batch).await?;
+        for child in revived {
+            reopen_entry(&self.inner, &child);
+            launch(&self.inner, child);
+        }
+        self.publish();
+        Ok(())
+    }
+
+    /// A finished child, read back from the store and set to roll back after `cause`.
+    async fn revive(&mut self, id: u64, cause: &Error) -> Result<Option<Launch<E>>, Exit> {
+        let record = match self.inner.store.get(id).await {
+            Ok(Some(record)) => record,
+            Ok(None) => return Ok(None),
+            Err(error) => {
+                self.inner
+                    .halt(super::ExecutorError::Store(Arc::new(error)));
+                return Err(Exit);
+            }
+        };
+        let Ok((mut envelope, snapshot)) = Envelope::decode(&record.value) else {
+            tracing::warn!(child = id, "cannot read child to roll it back; skipped");
+            return Ok(None);
+        };
+        let Ok(mut procedure) = self.inner.registry.load(snapshot) else {
+            tracing::warn!(child = id, "cannot load child to roll it back; skipped");
+            return Ok(None);
+        };
+        procedure.start_rollback(cause.clone());
+        envelope.finished_ms = None;
+        envelope.wait = Wait::Ready;
+        Ok(Some(Launch {
+            id,
+            parent: Some(self.id),
+            ancestors: Vec::new(),
+            procedure,
+            envelope,
+        }))
+    }
+
+    /// While undoing: waits until every revived child has ended. A child whose rollback
+    /// failed leaves the work half undone: this procedure ends failed too.
+    async fn await_children_undone(&mut self) -> Result<(), Exit> {
+        let Wait::Children(ids) = &self.envelope.wait else {
+            return Ok(());
+        };
+        let ended: Option<bool> = {
+            let table = self.inner.table();
+            let mut all_rolled_back = true;
+            let mut pending = false;
+            for id in ids {
+                match table.procs.get(id).map(|e| e.info.borrow().status.clone()) {
+                    Some(Status::RolledBack) => {}
+                    Some(Status::Failed) => all_rolled_back = false,
+                    Some(_) => pending = true,
+                    None => all_rolled_back = false,
+                }
+            }
+            (!pending).then_some(all_rolled_back)
+        };
+        match ended {
+            None => tokio::select! {
+                () = self.wake.notified() => Ok(()),
+                () = self.inner.stopping() => Err(Exit),
+            },
+            Some(all_rolled_back) => {
+                self.envelope.wait = Wait::Ready;
+                if !all_rolled_back {
+                    if let Phase::RollingBack { cause } | Phase::RolledBack { cause } =
+                        self.procedure.phase()
+                    {
+                        let cause = cause.clone();
+                        self.procedure.fail(cause);
+                    }
+                }
+                Ok(())
             }
         }
     }
