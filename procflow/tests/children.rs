@@ -463,3 +463,38 @@ async fn tree_rollback_survives_a_kill_before_every_write(store: TestStore) {
         ]
     );
 }
+
+/// etcd allows 128 operations per transaction: a step asking for more children than one
+/// batch holds fails its procedure (rolled back) instead of stopping the executor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_children_for_one_batch_fail_the_procedure_only() {
+    use procflow::store::{Limits, MemStore};
+    let ledger = Ledger::default();
+    let limits = Limits {
+        max_ops_per_batch: Some(4),
+        max_value_bytes: None,
+    };
+    let executor = Executor::builder(Arc::new(MemStore::with_limits(limits)), ledger.clone())
+        .config(common::test_config())
+        .register::<ParentState>()
+        .register::<KidState>()
+        .start()
+        .await
+        .unwrap();
+    let kids = (0..3).map(|i| Kid::named(&format!("k{i}"))).collect();
+    let id = executor
+        .submit::<ParentState>(Parent { children: kids })
+        .await
+        .unwrap();
+    let Outcome::RolledBack(error) = executor.wait(id).await.unwrap() else {
+        panic!("expected a rollback");
+    };
+    assert!(error.to_string().contains("at most 2 children"), "{error}");
+    // The executor still runs: two children fit.
+    let kids = (0..2).map(|i| Kid::named(&format!("j{i}"))).collect();
+    let id = executor
+        .submit::<ParentState>(Parent { children: kids })
+        .await
+        .unwrap();
+    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+}

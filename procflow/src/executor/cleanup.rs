@@ -50,19 +50,28 @@ async fn clean<E>(inner: &Inner<E>) -> Result<(), super::ExecutorError> {
     if expired.is_empty() {
         return Ok(());
     }
-    let mut batch = Batch::new();
-    for (id, nonce) in &expired {
-        batch = batch.delete(*id);
-        if let Some(nonce) = nonce {
-            batch = batch.delete_meta(format!("{NONCE_PREFIX}{nonce}"));
+    // A procedure and its nonce take two ops; stay within the store's batch limit (etcd
+    // allows 128 operations per transaction).
+    let per_batch = inner
+        .store
+        .limits()
+        .max_ops_per_batch
+        .map_or(usize::MAX, |ops| (ops / 2).max(1));
+    for chunk in expired.chunks(per_batch) {
+        let mut batch = Batch::new();
+        for (id, nonce) in chunk {
+            batch = batch.delete(*id);
+            if let Some(nonce) = nonce {
+                batch = batch.delete_meta(format!("{NONCE_PREFIX}{nonce}"));
+            }
         }
-    }
-    inner.commit(0, WriteKind::Cleanup, batch).await?;
-    let mut table = inner.table();
-    for (id, nonce) in expired {
-        table.procs.remove(&id);
-        if let Some(nonce) = nonce {
-            table.nonces.remove(&nonce);
+        inner.commit(0, WriteKind::Cleanup, batch).await?;
+        let mut table = inner.table();
+        for (id, nonce) in chunk {
+            table.procs.remove(id);
+            if let Some(nonce) = nonce {
+                table.nonces.remove(nonce);
+            }
         }
     }
     Ok(())

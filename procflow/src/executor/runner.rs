@@ -407,6 +407,18 @@ impl<E: Send + Sync + 'static> Runner<E> {
             ));
             return self.on_failure(error).await;
         }
+        // The children are written in one batch with this step (plus an id reservation).
+        if let Some(limit) = self.inner.store.limits().max_ops_per_batch
+            && children.len() + 2 > limit
+        {
+            let error = Error::fatal(format!(
+                "a step may start at most {} children on this store (one atomic batch holds \
+                 {limit} operations); {} were asked for",
+                limit.saturating_sub(2),
+                children.len()
+            ));
+            return self.on_failure(error).await;
+        }
         let count = u64::try_from(children.len()).unwrap_or(u64::MAX);
         let (ids, reservation) = self.inner.allocate_ids(count);
         self.envelope.wait = Wait::Children(ids.clone());
