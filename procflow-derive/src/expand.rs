@@ -105,41 +105,34 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
     );
     let stub = (bodies == Bodies::Stubbed).then(|| quote!({ ::core::future::pending() }));
     let stub_or_semi = stub.clone().unwrap_or_else(|| quote!(;));
+    // One method of the trait: `fn name(&mut self, ctx) -> impl Future<Output = ..> + Send`.
+    let method = |name: syn::Ident, doc: String, output: TokenStream| {
+        let tokens = quote! {
+            #[doc = #doc]
+            fn #name(
+                &mut self,
+                ctx: &::procflow::__private::Context<#env>,
+            ) -> impl ::core::future::Future<Output = #output> + ::core::marker::Send #stub_or_semi
+        };
+        (name.to_string(), tokens)
+    };
     let execute = machine.steps().map(|state| {
         let ident = state.ident;
-        let method = names::execute_method(ident);
         let doc = format!(
             "Executes state `{ident}`; moves to {}.",
             list(state.targets().iter())
         );
-        let tokens = quote! {
-            #[doc = #doc]
-            fn #method(
-                &mut self,
-                ctx: &::procflow::__private::Context<#env>,
-            ) -> impl ::core::future::Future<
-                Output = ::procflow::__private::Step<#module::#ident>,
-            > + ::core::marker::Send #stub_or_semi
-        };
-        (method.to_string(), tokens)
+        let output = quote!(::procflow::__private::Step<#module::#ident>);
+        method(names::execute_method(ident), doc, output)
     });
     let rollback = machine
         .steps()
         .filter(|s| s.attrs.rollback.is_some() || bodies == Bodies::Stubbed)
         .map(|state| {
             let ident = state.ident;
-            let method = names::rollback_method(ident);
             let doc = format!("Undoes what state `{ident}` did, during a rollback.");
-            let tokens = quote! {
-                #[doc = #doc]
-                fn #method(
-                    &mut self,
-                    ctx: &::procflow::__private::Context<#env>,
-                ) -> impl ::core::future::Future<
-                    Output = ::core::result::Result<(), ::procflow::__private::Error>,
-                > + ::core::marker::Send #stub_or_semi
-            };
-            (method.to_string(), tokens)
+            let output = quote!(::core::result::Result<(), ::procflow::__private::Error>);
+            method(names::rollback_method(ident), doc, output)
         });
     // In a sound machine the names are unique; after a collision the fallback keeps one
     // (and leaves out a handler named like the trait's own `locks`).

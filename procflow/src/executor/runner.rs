@@ -57,15 +57,22 @@ pub(crate) fn launch<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, launch: La
 
 /// The table entry for a procedure, created if missing; returns its wake-up signal.
 pub(crate) fn insert_entry<E>(inner: &Inner<E>, launch: &Launch<E>) -> Arc<Notify> {
-    let info = describe(
-        launch.id,
-        launch.parent,
-        launch.procedure.as_ref(),
-        &launch.envelope,
-        None,
-    );
+    let info = launch.info();
     let mut table = inner.table();
     insert_entry_locked(&mut table, launch, info)
+}
+
+impl<E> Launch<E> {
+    /// The public snapshot of the procedure about to start.
+    fn info(&self) -> ProcedureInfo {
+        describe(
+            self.id,
+            self.parent,
+            self.procedure.as_ref(),
+            &self.envelope,
+            None,
+        )
+    }
 }
 
 fn insert_entry_locked<E>(
@@ -85,13 +92,7 @@ fn insert_entry_locked<E>(
 
 /// Marks a finished procedure's entry live again (a child revived to roll back).
 fn reopen_entry<E>(inner: &Inner<E>, launch: &Launch<E>) {
-    let info = describe(
-        launch.id,
-        launch.parent,
-        launch.procedure.as_ref(),
-        &launch.envelope,
-        None,
-    );
+    let info = launch.info();
     let mut table = inner.table();
     match table.procs.get_mut(&launch.id) {
         Some(entry) => {
