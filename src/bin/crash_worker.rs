@@ -1,0 +1,163 @@
+//! The process `tests/kill9.rs` kills with SIGKILL, over and over.
+//!
+//! ```text
+//! crash_worker --dir DIR [--procedures 200] [--steps 20] [--step-ms 10] [--non-idempotent]
+//! ```
+//!
+//! Runs `--procedures` procedures of `--steps` steps on a durable `WalStore` in
+//! `DIR/wal`. Every step appends its number to the procedure's ledger file
+//! `DIR/ledger/<n>`, outside the store, idempotently: a step that finds its number
+//! already last in the file (it ran before a crash, its result was not persisted) does not
+//! append it again. `--non-idempotent` appends unconditionally, which a crash turns into a
+//! duplicate line: the test must catch that. Submits carry a nonce, so a restarted worker
+//! picks up the same procedures. Prints `done N succeeded M` and exits 0 once all ended;
+//! exits 1 on any error.
+
+use procflow::executor::{Executor, Outcome, SubmitOptions};
+use procflow::prelude::*;
+use procflow::store::{WalConfig, WalStore};
+use serde::{Deserialize, Serialize};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Chain, env = Ledger, name = "chain")]
+enum ChainState {
+    #[initial]
+    #[transition(to = [Work, Done])]
+    Work,
+    #[terminal]
+    Done,
+}
+
+/// Where steps record their effects.
+struct Ledger {
+    dir: PathBuf,
+    step_delay: Duration,
+    idempotent: bool,
+}
+
+impl Ledger {
+    fn record(&self, procedure: u32, step: u32) -> std::io::Result<()> {
+        let path = self.dir.join(procedure.to_string());
+        if self.idempotent {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            if text.lines().last() == Some(step.to_string().as_str()) {
+                return Ok(()); // Done before a crash: the effect is already there.
+            }
+        }
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        // One write call: a kill lands before or after it, never inside a line.
+        file.write_all(format!("{step}\n").as_bytes())
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Chain {
+    index: u32,
+    steps: u32,
+    done: u32,
+}
+
+impl ChainStateHandlers for Chain {
+    async fn work(&mut self, ctx: &Context<Ledger>) -> Step<chain_state::Work> {
+        let step = self.done + 1;
+        ctx.env().record(self.index, step).retryable()?;
+        // The effect is out, the step's result not yet persisted: a kill here is the case
+        // that needs idempotence, so make it likely.
+        tokio::time::sleep(ctx.env().step_delay).await;
+        self.done = step;
+        Ok(if step == self.steps {
+            chain_state::Work::Done
+        } else {
+            chain_state::Work::Work
+        }
+        .into())
+    }
+}
+
+struct Args {
+    dir: PathBuf,
+    procedures: u32,
+    steps: u32,
+    step_ms: u64,
+    idempotent: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        dir: PathBuf::new(),
+        procedures: 200,
+        steps: 20,
+        step_ms: 10,
+        idempotent: true,
+    };
+    let mut dir = None;
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().ok_or(format!("{arg} needs a value"));
+        let number = |v: String| v.parse::<u64>().map_err(|e| format!("{arg}: {e}"));
+        match arg.as_str() {
+            "--dir" => dir = Some(PathBuf::from(value()?)),
+            "--procedures" => {
+                args.procedures = u32::try_from(number(value()?)?).map_err(|e| e.to_string())?
+            }
+            "--steps" => {
+                args.steps = u32::try_from(number(value()?)?).map_err(|e| e.to_string())?
+            }
+            "--step-ms" => args.step_ms = number(value()?)?,
+            "--non-idempotent" => args.idempotent = false,
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    args.dir = dir.ok_or("--dir is required")?;
+    Ok(args)
+}
+
+#[tokio::main]
+async fn main() {
+    if let Err(error) = run().await {
+        eprintln!("crash_worker: {error}");
+        std::process::exit(1);
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let args = parse_args()?;
+    let ledger_dir = args.dir.join("ledger");
+    std::fs::create_dir_all(&ledger_dir)?;
+    let store = Arc::new(WalStore::open(args.dir.join("wal"), WalConfig::default())?);
+    let ledger = Ledger {
+        dir: ledger_dir,
+        step_delay: Duration::from_millis(args.step_ms),
+        idempotent: args.idempotent,
+    };
+    let executor = Executor::builder(store, ledger)
+        .register::<ChainState>()
+        .start()
+        .await?;
+    let mut ids = Vec::new();
+    for index in 0..args.procedures {
+        let chain = Chain {
+            index,
+            steps: args.steps,
+            done: 0,
+        };
+        let options = SubmitOptions::default().nonce(format!("chain-{index}"));
+        ids.push(executor.submit_with::<ChainState>(chain, options).await?);
+    }
+    let mut succeeded = 0;
+    for id in &ids {
+        if executor.wait(*id).await? == Outcome::Succeeded {
+            succeeded += 1;
+        }
+    }
+    executor.shutdown().await?;
+    println!("done {} succeeded {succeeded}", ids.len());
+    Ok(())
+}
