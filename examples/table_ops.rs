@@ -31,7 +31,7 @@
 //! `MemStore`: see the `create_table` and `transfer` examples for the durable `WalStore`.
 
 use procflow::ProcedureId;
-use procflow::executor::{Executor, Outcome, ProcedureInfo, Status};
+use procflow::executor::{Executor, Outcome, Status};
 use procflow::locks::LockKeyError;
 use procflow::prelude::*;
 use procflow::store::MemStore;
@@ -142,7 +142,8 @@ struct Catalog {
 #[derive(Clone, Debug)]
 struct Event {
     at: Duration,
-    id: ProcedureId,
+    /// None for events of no procedure.
+    id: Option<ProcedureId>,
     /// `create_table ns/users`, `open_region ns/users/r0`…
     who: String,
     what: String,
@@ -184,16 +185,17 @@ impl Cluster {
 
     /// Adds what a handler does to the timeline.
     fn record(&self, id: ProcedureId, who: impl Into<String>, what: impl Into<String>) {
-        self.push(id, who.into(), what.into(), false);
+        self.push(Some(id), who.into(), what.into(), false);
     }
 
     /// Adds what `main` saw to the timeline.
-    fn observe(&self, id: ProcedureId, who: &str, what: &str) {
-        println!("{:<6} {who:<26} {what}", show_id(id));
+    fn observe(&self, id: Option<ProcedureId>, who: &str, what: &str) {
+        let shown = id.map_or_else(String::new, |id| id.to_string());
+        println!("{shown:<6} {who:<26} {what}");
         self.push(id, who.into(), what.into(), true);
     }
 
-    fn push(&self, id: ProcedureId, who: String, what: String, observed: bool) {
+    fn push(&self, id: Option<ProcedureId>, who: String, what: String, observed: bool) {
         lock(&self.timeline).push(Event {
             at: self.start.elapsed(),
             id,
@@ -205,14 +207,6 @@ impl Cluster {
 
     fn timeline(&self) -> Vec<Event> {
         lock(&self.timeline).clone()
-    }
-}
-
-/// `#7`, or nothing for the id `main` uses for events of no procedure.
-fn show_id(id: ProcedureId) -> String {
-    match id.get() {
-        0 => String::new(),
-        _ => id.to_string(),
     }
 }
 
@@ -451,10 +445,10 @@ async fn status(
     executor: &Executor<Cluster>,
     id: ProcedureId,
     wanted: impl Fn(&Status) -> bool,
-) -> Result<ProcedureInfo, Failure> {
+) -> Result<(), Failure> {
     let mut info = executor.subscribe(id).ok_or("unknown procedure")?;
-    let seen = info.wait_for(|i| wanted(&i.status)).await?.clone();
-    Ok(seen)
+    info.wait_for(|i| wanted(&i.status)).await?;
+    Ok(())
 }
 
 /// Waits until procedure `id` is in the lock queue.
@@ -471,52 +465,42 @@ async fn queued(executor: &Executor<Cluster>, id: ProcedureId) -> Result<(), Fai
 }
 
 /// Waits until create_table `id` waits for its regions, and each region for the region
-/// server.
-async fn regions_waiting(executor: &Executor<Cluster>, id: ProcedureId) -> Result<(), Failure> {
+/// server; returns the regions' ids, in region order.
+async fn regions_waiting(
+    executor: &Executor<Cluster>,
+    id: ProcedureId,
+) -> Result<Vec<ProcedureId>, Failure> {
     status(executor, id, |s| *s == Status::WaitingChildren).await?;
+    // A parent's children are listed before it reports waiting for them.
     let children: Vec<_> = executor
         .list()
         .into_iter()
         .filter(|p| p.parent == Some(id))
+        .map(|p| p.id)
         .collect();
     for child in &children {
-        status(executor, child.id, |s| {
-            matches!(s, Status::Suspended { .. })
-        })
-        .await?;
+        status(executor, *child, |s| matches!(s, Status::Suspended { .. })).await?;
     }
-    Ok(())
-}
-
-/// The label a procedure's events carry.
-fn label(timeline: &[Event], id: ProcedureId) -> String {
-    timeline
-        .iter()
-        .find(|e| e.id == id)
-        .map_or_else(|| id.to_string(), |e| e.who.clone())
+    Ok(children)
 }
 
 fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), Failure> {
     if ok { Ok(()) } else { Err(what().into()) }
 }
 
-/// Positions in the timeline of the events of `ids`.
-fn positions(timeline: &[Event], ids: &[ProcedureId]) -> Vec<usize> {
-    let at = timeline.iter().enumerate();
-    at.filter(|(_, e)| ids.contains(&e.id))
-        .map(|(i, _)| i)
-        .collect()
+/// The procedures of the example.
+struct Ids {
+    create_users: ProcedureId,
+    users_regions: Vec<ProcedureId>,
+    alter_users: ProcedureId,
+    create_orders: ProcedureId,
+    orders_regions: Vec<ProcedureId>,
+    drop_ns: ProcedureId,
 }
 
-async fn run() -> Result<(), Failure> {
-    let cluster = Cluster::new();
-    let executor = Executor::builder(Arc::new(MemStore::new()), cluster.clone())
-        .register::<CreateTableState>()
-        .register::<OpenRegionState>()
-        .register::<AlterTableState>()
-        .register::<DropNamespaceState>()
-        .start()
-        .await?;
+/// Submits the four operations one after the other, each once the previous one is
+/// where it should be, and returns with all of them in flight.
+async fn contend(executor: &Executor<Cluster>, cluster: &Cluster) -> Result<Ids, Failure> {
     let create_users = executor
         .submit::<CreateTableState>(CreateTable {
             ns: "ns".into(),
@@ -524,9 +508,9 @@ async fn run() -> Result<(), Failure> {
             regions: 3,
         })
         .await?;
-    regions_waiting(&executor, create_users).await?;
+    let users_regions = regions_waiting(executor, create_users).await?;
     cluster.observe(
-        create_users,
+        Some(create_users),
         "create_table ns/users",
         "is WaitingChildren; its 3 regions are Suspended until the region server is up",
     );
@@ -538,9 +522,9 @@ async fn run() -> Result<(), Failure> {
             schema: "v2".into(),
         })
         .await?;
-    queued(&executor, alter_users).await?;
+    queued(executor, alter_users).await?;
     cluster.observe(
-        alter_users,
+        Some(alter_users),
         "alter_table ns/users",
         "is WaitingForLock: create_table ns/users holds exclusive ns/users",
     );
@@ -552,9 +536,9 @@ async fn run() -> Result<(), Failure> {
             regions: 2,
         })
         .await?;
-    regions_waiting(&executor, create_orders).await?;
+    let orders_regions = regions_waiting(executor, create_orders).await?;
     cluster.observe(
-        create_orders,
+        Some(create_orders),
         "create_table ns/orders",
         "is WaitingChildren: it runs next to create_table ns/users (both share ns)",
     );
@@ -562,14 +546,33 @@ async fn run() -> Result<(), Failure> {
     let drop_ns = executor
         .submit::<DropNamespaceState>(DropNamespace { ns: "ns".into() })
         .await?;
-    queued(&executor, drop_ns).await?;
+    queued(executor, drop_ns).await?;
     cluster.observe(
-        drop_ns,
+        Some(drop_ns),
         "drop_namespace ns",
         "is WaitingForLock: it needs exclusive ns, behind the alter",
     );
+    Ok(Ids {
+        create_users,
+        users_regions,
+        alter_users,
+        create_orders,
+        orders_regions,
+        drop_ns,
+    })
+}
 
-    // Everything is in flight: who holds what.
+/// The label a procedure's events carry.
+fn label(timeline: &[Event], id: ProcedureId) -> String {
+    timeline
+        .iter()
+        .find(|e| e.id == Some(id))
+        .map_or_else(|| id.to_string(), |e| e.who.clone())
+}
+
+/// Prints who holds which locks and who waits, and checks the parent/child locks and the
+/// queue order.
+fn show_locks(executor: &Executor<Cluster>, cluster: &Cluster, ids: &Ids) -> Result<(), Failure> {
     let timeline = cluster.timeline();
     let mut held: BTreeMap<ProcedureId, Vec<String>> = BTreeMap::new();
     for (id, lock) in executor.held_locks() {
@@ -577,11 +580,8 @@ async fn run() -> Result<(), Failure> {
     }
     println!("\nlocks held:");
     for (id, locks) in &held {
-        println!(
-            "  {id:<6} {:<26} {}",
-            label(&timeline, *id),
-            locks.join(", ")
-        );
+        let (id, who) = (id.to_string(), label(&timeline, *id));
+        println!("  {id:<6} {who:<26} {}", locks.join(", "));
     }
     let waiters = executor.lock_waiters();
     let waiting: Vec<_> = waiters
@@ -592,40 +592,105 @@ async fn run() -> Result<(), Failure> {
         "waiting for locks, first come first served: {}\n",
         waiting.join(", ")
     );
-    check(waiters == [alter_users, drop_ns], || {
+
+    check(waiters == [ids.alter_users, ids.drop_ns], || {
         format!("lock waiters {waiters:?}, expected the alter then the drop")
     })?;
-    let users_regions: Vec<_> = executor
-        .list()
-        .into_iter()
-        .filter(|p| p.parent == Some(create_users))
-        .map(|p| p.id)
-        .collect();
-    for (i, region) in users_regions.iter().enumerate() {
-        let wanted = format!("exclusive ns/users/r{i}");
-        check(held.get(region) == Some(&vec![wanted.clone()]), || {
+    let parent = ["shared ns".to_owned(), "exclusive ns/users".to_owned()];
+    check(
+        held.get(&ids.create_users).map(Vec::as_slice) == Some(&parent[..]),
+        || {
             format!(
-                "region {region} holds {:?}, expected {wanted}",
-                held.get(region)
+                "create_table ns/users holds {:?}",
+                held.get(&ids.create_users)
             )
-        })?;
+        },
+    )?;
+    for (i, region) in ids.users_regions.iter().enumerate() {
+        let wanted = [format!("exclusive ns/users/r{i}")];
+        check(
+            held.get(region).map(Vec::as_slice) == Some(&wanted[..]),
+            || {
+                format!(
+                    "region {region} holds {:?}, expected {wanted:?}",
+                    held.get(region)
+                )
+            },
+        )?;
     }
-    let parent_holds = held
-        .get(&create_users)
-        .is_some_and(|l| l.contains(&"exclusive ns/users".to_owned()));
-    check(parent_holds, || {
-        "create_table ns/users does not hold exclusive ns/users".into()
+    Ok(())
+}
+
+fn print_timeline(timeline: &[Event]) {
+    println!("\ntimeline (ms since start; in parentheses what main saw):");
+    for event in timeline {
+        let id = event.id.map_or_else(String::new, |id| id.to_string());
+        let what = match event.observed {
+            true => format!("({})", event.what),
+            false => event.what.clone(),
+        };
+        let ms = event.at.as_secs_f64() * 1000.0;
+        println!("  {ms:>7.3}  {id:<6} {:<26} {what}", event.who);
+    }
+}
+
+/// Checks, on what the handlers did, the ordering the locks promise.
+fn check_order(timeline: &[Event], ids: &Ids) -> Result<(), Failure> {
+    let handlers: Vec<&Event> = timeline.iter().filter(|e| !e.observed).collect();
+    // Positions, in the handlers' events, of the events of a procedure tree.
+    let positions = |root: ProcedureId, children: &[ProcedureId]| -> Vec<usize> {
+        let tree = |id: Option<ProcedureId>| {
+            id == Some(root) || id.is_some_and(|id| children.contains(&id))
+        };
+        let events = handlers.iter().enumerate();
+        events.filter(|(_, e)| tree(e.id)).map(|(i, _)| i).collect()
+    };
+    let first = |p: &[usize]| p.iter().min().copied().unwrap_or(usize::MAX);
+    let last = |p: &[usize]| p.iter().max().copied().unwrap_or(0);
+    let users = positions(ids.create_users, &ids.users_regions);
+    let alter = positions(ids.alter_users, &[]);
+    let orders = positions(ids.create_orders, &ids.orders_regions);
+    let drop = positions(ids.drop_ns, &[]);
+
+    check(last(&users) < first(&alter), || {
+        "alter_table ns/users overlapped create_table ns/users".into()
     })?;
+    check(first(&orders) < last(&users), || {
+        "create_table ns/orders did not run next to create_table ns/users".into()
+    })?;
+    let before_drop = [users, alter, orders].concat();
+    check(last(&before_drop) < first(&drop), || {
+        "drop_namespace ns did not run last".into()
+    })?;
+    Ok(())
+}
+
+async fn run() -> Result<(), Failure> {
+    let cluster = Cluster::new();
+    let executor = Executor::builder(Arc::new(MemStore::new()), cluster.clone())
+        .register::<CreateTableState>()
+        .register::<OpenRegionState>()
+        .register::<AlterTableState>()
+        .register::<DropNamespaceState>()
+        .start()
+        .await?;
+    let ids = contend(&executor, &cluster).await?;
+    show_locks(&executor, &cluster, &ids)?;
 
     // The region server comes up: every region opens, and the rest follows from the locks.
     cluster.region_server_up.store(true, Ordering::SeqCst);
     let woken = executor.wake(REGION_SERVER_UP);
     cluster.observe(
-        ProcedureId::new(0),
+        None,
         "region server",
         &format!("is up: woke {woken} regions"),
     );
-    for id in [create_users, alter_users, create_orders, drop_ns] {
+    for id in [
+        ids.create_users,
+        ids.alter_users,
+        ids.create_orders,
+        ids.drop_ns,
+    ] {
         let outcome = executor.wait(id).await?;
         check(outcome == Outcome::Succeeded, || {
             format!("{id}: {outcome:?}")
@@ -634,58 +699,19 @@ async fn run() -> Result<(), Failure> {
     executor.shutdown().await?;
 
     let timeline = cluster.timeline();
-    println!("\ntimeline (ms since start):");
-    for event in &timeline {
-        let id = show_id(event.id);
-        let what = match event.observed {
-            true => format!("({})", event.what),
-            false => event.what.clone(),
-        };
-        println!(
-            "  {:>7.3}  {id:<6} {:<26} {what}",
-            event.at.as_secs_f64() * 1000.0,
-            event.who,
-        );
-    }
-
-    // The guarantees the locks gave, read off the timeline (handler events only).
-    let handlers: Vec<Event> = timeline.into_iter().filter(|e| !e.observed).collect();
-    let orders_regions: Vec<_> = handlers
-        .iter()
-        .filter(|e| e.who.starts_with("open_region ns/orders/"))
-        .map(|e| e.id)
-        .collect();
-    let users_tree = [&[create_users][..], &users_regions].concat();
-    let users = positions(&handlers, &users_tree);
-    let alter = positions(&handlers, &[alter_users]);
-    let orders = positions(&handlers, &[&[create_orders][..], &orders_regions].concat());
-    let drop = positions(&handlers, &[drop_ns]);
-    let last = |p: &[usize]| p.iter().max().copied().unwrap_or(0);
-    let first = |p: &[usize]| p.iter().min().copied().unwrap_or(usize::MAX);
-    check(last(&users) < first(&alter), || {
-        "alter_table ns/users overlapped create_table ns/users".into()
-    })?;
-    check(first(&orders) < last(&users), || {
-        "create_table ns/orders did not run next to create_table ns/users".into()
-    })?;
-    check(
-        handlers.len() == drop.len() + first(&drop) && first(&drop) > last(&alter),
-        || "drop_namespace ns did not run last".into(),
-    )?;
-    let dropped: Vec<_> = cluster
-        .catalog()
+    print_timeline(&timeline);
+    check_order(&timeline, &ids)?;
+    let catalog = cluster.catalog();
+    let dropped: Vec<_> = catalog
         .dropped
         .iter()
-        .map(|(key, t)| (key.clone(), t.schema.clone(), t.regions.len()))
+        .map(|(key, t)| (key.as_str(), t.schema.as_str(), t.regions.len()))
         .collect();
-    let expected = [
-        ("ns/orders".to_owned(), "v1".to_owned(), 2),
-        ("ns/users".to_owned(), "v2".to_owned(), 3),
-    ];
+    let expected = [("ns/orders", "v1", 2), ("ns/users", "v2", 3)];
     check(dropped == expected, || {
         format!("drop_namespace dropped {dropped:?}, expected {expected:?}")
     })?;
-    check(cluster.catalog().namespaces.is_empty(), || {
+    check(catalog.namespaces.is_empty(), || {
         "namespace ns is still there".into()
     })?;
     println!(
