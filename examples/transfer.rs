@@ -16,6 +16,10 @@
 //! and checks them: after the failed transfer they are back where they started. It exits
 //! with 0 when everything behaved as expected, 1 otherwise.
 //!
+//! Each transfer pays from the richer account to the other (alice starts with 100, bob
+//! with 50), so running again on the same `--dir` keeps working: the ledger and the WAL
+//! are kept, and a transfer a previous run left unfinished is resumed and ended first.
+//!
 //! A step may run twice (the executor re-runs the step that was running when the process
 //! died), so each handler is idempotent: entries are keyed by the procedure id
 //! (`ctx.id()`) and the step, and writing one again replaces it with the same content.
@@ -409,6 +413,13 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         .register::<TransferState>()
         .start()
         .await?;
+    // A transfer an earlier run on this `--dir` left unfinished resumed at `start`; let it
+    // end before taking "before" balances.
+    for unfinished in executor.list().iter().filter(|p| !p.status.is_finished()) {
+        println!("resuming {} at {}", unfinished.id, unfinished.state);
+        let outcome = executor.wait(unfinished.id).await?;
+        println!("  {} {outcome:?}", unfinished.id);
+    }
     let result = async {
         if !args.fail_last_only {
             run_transfer(&executor, &bank, 30, false).await?;
