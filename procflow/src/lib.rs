@@ -115,6 +115,8 @@ mod instance;
 pub mod locks;
 mod machine;
 mod stepper;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use context::Context;
 pub use cursor::{Cursor, Phase};

@@ -26,17 +26,28 @@ pub struct ExecutorBuilder<E> {
     config: Config,
     registry: Registry<E>,
     hook: Option<Arc<dyn KillHook>>,
+    /// Procedures whose abort is requested before any of them runs (crash tests re-ask
+    /// for an abort a restart forgot).
+    aborted: Vec<u64>,
 }
 
 impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
-    pub(crate) fn new(store: Arc<dyn Store>, env: E) -> Self {
+    pub(crate) fn new(store: Arc<dyn Store>, env: Arc<E>) -> Self {
         Self {
             store,
-            env: Arc::new(env),
+            env,
             config: Config::default(),
             registry: Registry::new(),
             hook: None,
+            aborted: Vec::new(),
         }
+    }
+
+    /// Requests the abort of `id` as the executor starts, before any procedure runs.
+    #[cfg(feature = "testing")]
+    pub(crate) fn abort_on_start(mut self, id: u64) -> Self {
+        self.aborted.push(id);
+        self
     }
 
     /// Lets the executor run (and, after a restart, rebuild) procedures of machine `M`,
@@ -104,7 +115,7 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             writes: AtomicU64::new(0),
             tasks: TaskTracker::new(),
         });
-        resume(&inner, &loaded.records);
+        resume(&inner, &loaded.records, &self.aborted);
         let cleaner = Arc::clone(&inner);
         inner.tasks.spawn(cleanup::run(cleaner));
         Ok(Executor { inner })
@@ -144,7 +155,7 @@ fn table_from(loaded: &Loaded) -> Result<Table, ExecutorError> {
 }
 
 /// Rebuilds every stored procedure; starts the unfinished ones.
-fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, records: &[Record]) {
+fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, records: &[Record], aborted: &[u64]) {
     let parents: HashMap<u64, Option<u64>> = records.iter().map(|r| (r.id, r.parent)).collect();
     let mut live = Vec::new();
     for record in records {
@@ -153,6 +164,11 @@ fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, records: &[Record]) {
         };
         // Every entry goes in before any task starts: a parent must find its children.
         runner::insert_entry(inner, &launch);
+        if aborted.contains(&record.id) {
+            if let Some(entry) = inner.table().procs.get_mut(&record.id) {
+                entry.abort = true;
+            }
+        }
         if !record.finished {
             live.push(launch);
         }

@@ -72,6 +72,13 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::watch;
 
+/// Splits a stored record value into the executor's envelope and the procedure's
+/// snapshot (for `procflow::testing`).
+#[cfg(feature = "testing")]
+pub(crate) fn split_record(value: &[u8]) -> Result<((), &[u8]), String> {
+    Envelope::decode(value).map(|(_, snapshot)| ((), snapshot))
+}
+
 /// Runs procedures; cheap to clone (all clones drive the same executor).
 ///
 /// The environment `E` is shared with every handler through
@@ -122,7 +129,20 @@ impl<E: Send + Sync + 'static> Executor<E> {
     /// Starts configuring an executor persisting to `store` and sharing `env` with
     /// every handler.
     pub fn builder(store: Arc<dyn Store>, env: E) -> ExecutorBuilder<E> {
+        ExecutorBuilder::new(store, Arc::new(env))
+    }
+
+    /// [`builder`](Self::builder) with an environment the caller keeps a handle on (to
+    /// read it after the procedures ran, or to share it between executors, as a crash
+    /// test does across restarts).
+    pub fn builder_shared(store: Arc<dyn Store>, env: Arc<E>) -> ExecutorBuilder<E> {
         ExecutorBuilder::new(store, env)
+    }
+
+    /// The environment shared with every handler.
+    #[must_use]
+    pub fn env(&self) -> &Arc<E> {
+        &self.inner.env
     }
 
     /// Starts a procedure of machine `M` at its initial state. Returns once the procedure
@@ -332,6 +352,8 @@ impl<E: Send + Sync + 'static> Executor<E> {
 
     /// Asks procedure `id` to roll back. Honoured at its next step boundary where rollback
     /// is supported (before a point of no return); a suspended procedure is woken for it.
+    /// The request is not persisted: if the process dies before the procedure honours it,
+    /// ask again after the restart.
     ///
     /// # Errors
     ///
