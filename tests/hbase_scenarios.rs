@@ -1,6 +1,10 @@
 //! The test scenarios of Apache HBase's procedure framework (`hbase-procedure`,
 //! package `procedure2`) re-created on procflow, with HBase's counts. Each test names the
 //! HBase test class it corresponds to. Several use `procflow::testing`'s crash checks.
+//! Two more live beside the code they exercise: locks held for life
+//! (`TestProcedureSuspended#testSuspendWhileHoldingLocks`) in `procflow/tests/locks.rs`,
+//! and the byte-level store cuts (`TestWALProcedureStore`) in
+//! `procflow-store/tests/bytes.rs`; the executor-level cut is at the end of this file.
 //!
 //! One semantic difference shapes two of them: HBase also calls `rollbackState` for the
 //! state whose step failed (or that was set but not yet run); procflow undoes completed

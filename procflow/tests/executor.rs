@@ -128,8 +128,8 @@ async fn spent_retry_budget_counts_as_fatal(store: TestStore) {
     assert_eq!(ledger.count("p rollback 2"), 1);
 }
 
-/// HBase TestProcedureRollbackAIOOB-style: a rollback failing twice transiently still
-/// ends rolled back, reporting the original failure.
+/// HBase `TestProcedureExecution#testRollbackRetriableFailure`: a rollback failing twice
+/// transiently still ends rolled back, reporting the original failure.
 async fn rollback_retried_twice_then_rolled_back(store: TestStore) {
     let ledger = Ledger::default();
     let executor = start(&store, &ledger).await;

@@ -139,7 +139,8 @@ async fn suspended(executor: &Executor<Ledger>, id: ProcedureId) {
         .unwrap();
 }
 
-/// HBase TestProcedureExecution lock scenario: p1 and p2 need lock A, p3 needs lock B. p2
+/// HBase `TestProcedureSuspended#testSuspendWhileHoldingLocks`: p1 and p2 need lock A, p3
+/// needs lock B. p2
 /// never runs before p1 ends, p3 runs meanwhile, p1 failing releases A.
 async fn lock_held_for_life_excludes_until_the_end(store: TestStore) {
     let ledger = Ledger::default();
