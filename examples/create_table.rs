@@ -5,6 +5,7 @@
 //! cargo run --example create_table                                   # fresh temp dir
 //! cargo run --example create_table -- --dir /tmp/t --crash-at AddToMeta   # dies mid-way
 //! cargo run --example create_table -- --dir /tmp/t                   # resumes, finishes
+//! cargo run --example create_table -- --diagram          # the machine, as a Mermaid diagram
 //! ```
 //!
 //! `--crash-at STATE` exits the process abruptly inside that state's handler, before its
@@ -208,8 +209,14 @@ fn parse_args() -> Result<Args, String> {
                 }
                 crash_at = Some(name);
             }
+            "--diagram" => {
+                print!("{}", CreateTableState::mermaid());
+                std::process::exit(0);
+            }
             "-h" | "--help" => {
-                return Err("usage: create_table [--dir DIR] [--crash-at STATE]".into());
+                return Err(
+                    "usage: create_table [--dir DIR] [--crash-at STATE] [--diagram]".into(),
+                );
             }
             other => return Err(format!("unknown argument {other}; try --help")),
         }

@@ -46,7 +46,10 @@ pub enum Flow<T> {
         then: T,
     },
     /// Park the procedure until `event` is woken (or `timeout` elapses, when set), then
-    /// run this same state again. The suspension is persisted.
+    /// run this same state again. The suspension is persisted. The wake-up carries no
+    /// payload, and the step cannot tell a wake from a timeout (or from a restart): like
+    /// a condition variable, it checks the condition it waits for and suspends again if
+    /// it does not hold yet.
     Suspend {
         /// The name of the event to wait for.
         event: String,

@@ -6,7 +6,8 @@ use std::fmt;
 /// The identifier of one procedure.
 ///
 /// Ids are handed out by the executor; they are monotonic and never reused, also
-/// across restarts. The in-memory [`Stepper`](crate::Stepper) uses
+/// across restarts (they are reserved in the store in blocks of 1024, so after a restart
+/// the next id may jump ahead). The in-memory [`Stepper`](crate::Stepper) uses
 /// [`ProcedureId::new`] with any value the caller picks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -28,6 +29,7 @@ impl ProcedureId {
 
 impl fmt::Display for ProcedureId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "#{}", self.0)
+        // `pad`, so `{:<6}` and friends line ids up in tables.
+        f.pad(&format!("#{}", self.0))
     }
 }

@@ -135,8 +135,8 @@ pub use procflow_store as store;
 
 /// What a procedure's module needs: `use procflow::prelude::*;`.
 pub mod prelude {
-    pub use crate::locks::{Lock, Locks};
-    pub use crate::{Child, Context, Error, Flow, ResultExt, StateMachine, Step};
+    pub use crate::locks::{Lock, LockKeyError, Locks};
+    pub use crate::{Child, Context, Error, Flow, ProcedureId, ResultExt, StateMachine, Step};
 }
 
 /// Paths the generated code uses. Not public API.

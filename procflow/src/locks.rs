@@ -442,6 +442,7 @@ impl LockTable {
         }
     }
 
+    #[cfg(test)]
     /// Grants every lock in `locks` to `owner` if that is possible right now.
     ///
     /// Same rules as [`acquire`](Self::acquire), and all earlier waiters count as

@@ -232,14 +232,25 @@ impl<E: Send + Sync + 'static> Runner<E> {
         if self.holding || locks.locks().is_empty() {
             return Ok(());
         }
-        let table = &self.inner.locks;
-        if !table.try_acquire(self.id, &self.ancestors, locks.locks()) {
+        let acquire = self
+            .inner
+            .locks
+            .acquire(self.id, &self.ancestors, locks.locks());
+        tokio::pin!(acquire);
+        // Poll once first: that queues the request (or grants it), so a procedure reported
+        // waiting is already in line, first come, first served.
+        let granted = tokio::select! {
+            biased;
+            () = &mut acquire => true,
+            () = std::future::ready(()) => false,
+        };
+        if !granted {
             self.inner.publish(ProcedureInfo {
                 status: Status::WaitingForLock,
                 ..self.info()
             });
             tokio::select! {
-                () = table.acquire(self.id, &self.ancestors, locks.locks()) => {}
+                () = &mut acquire => {}
                 () = self.inner.stopping() => return Err(Exit),
             }
         }
