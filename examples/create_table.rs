@@ -312,3 +312,70 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
 }
+
+/// `cargo test` runs these (the example has `test = true`): the double-execution check on
+/// this example's procedures.
+#[cfg(test)]
+mod crash_checks {
+    use super::*;
+    use procflow::testing::CrashTest;
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A catalog in a fresh directory per pass.
+    fn catalog() -> Catalog {
+        static PASS: AtomicU32 = AtomicU32::new(0);
+        let root = std::env::temp_dir().join(format!(
+            "procflow-create-table-check-{}-{}",
+            std::process::id(),
+            PASS.fetch_add(1, Ordering::SeqCst)
+        ));
+        Catalog {
+            root,
+            crash_at: None,
+        }
+    }
+
+    /// Every file the procedure left, by path under the catalog root; then removes them.
+    fn files(catalog: &Catalog) -> BTreeMap<String, String> {
+        fn walk(dir: &Path, root: &Path, out: &mut BTreeMap<String, String>) {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    walk(&path, root, out);
+                } else {
+                    let name = path.strip_prefix(root).unwrap().display().to_string();
+                    out.insert(name, std::fs::read_to_string(&path).unwrap());
+                }
+            }
+        }
+        let mut out = BTreeMap::new();
+        walk(&catalog.root, &catalog.root, &mut out);
+        let _ = std::fs::remove_dir_all(&catalog.root);
+        out
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn create_table_survives_double_execution() {
+        let test = CrashTest::new(|b| {
+            b.register::<CreateTableState>()
+                .register::<OpenRegionState>()
+        });
+        let report = test
+            .double_execution::<CreateTableState, _>(
+                catalog,
+                || CreateTable {
+                    name: "users".into(),
+                    regions: 3,
+                },
+                files,
+            )
+            .await
+            .unwrap();
+        assert_eq!(report.clean.outcome, Outcome::Succeeded);
+        // Layout, meta, three regions.
+        assert_eq!(report.observed.len(), 5, "{:?}", report.observed);
+        assert_eq!(report.observed["meta/users"], "state=enabled\n");
+        assert!(report.killed_before.kills >= 8);
+    }
+}

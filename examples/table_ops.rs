@@ -740,3 +740,42 @@ async fn main() {
         }
     }
 }
+
+/// `cargo test` runs these (the example has `test = true`): the double-execution check on
+/// the table creation, children and locks included.
+#[cfg(test)]
+mod crash_checks {
+    use super::*;
+    use procflow::testing::CrashTest;
+
+    /// A cluster whose region server is already up: regions open without waiting.
+    fn cluster() -> Cluster {
+        let cluster = Cluster::new();
+        cluster.region_server_up.store(true, Ordering::SeqCst);
+        cluster
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn create_table_with_regions_survives_double_execution() {
+        let test = CrashTest::new(|b| {
+            b.register::<CreateTableState>()
+                .register::<OpenRegionState>()
+        });
+        let report = test
+            .double_execution::<CreateTableState, _>(
+                cluster,
+                || CreateTable {
+                    ns: "ns".into(),
+                    table: "users".into(),
+                    regions: 3,
+                },
+                |cluster| cluster.catalog().tables.clone(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(report.clean.outcome, Outcome::Succeeded);
+        let users = &report.observed["ns/users"];
+        assert_eq!(users.regions.len(), 3);
+        assert!(users.enabled);
+    }
+}

@@ -430,3 +430,82 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     executor.shutdown().await?;
     result
 }
+
+/// `cargo test` runs these (the example has `test = true`): the double-execution checks on
+/// this example's procedure, forward and through its rollback.
+#[cfg(test)]
+mod crash_checks {
+    use super::*;
+    use procflow::testing::CrashTest;
+    use std::collections::BTreeSet;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// A bank in a fresh directory per pass, with the opening deposits.
+    fn bank() -> Bank {
+        static PASS: AtomicU32 = AtomicU32::new(0);
+        let root = std::env::temp_dir().join(format!(
+            "procflow-transfer-check-{}-{}",
+            std::process::id(),
+            PASS.fetch_add(1, Ordering::SeqCst)
+        ));
+        let bank = Bank {
+            ledger: Ledger { root },
+            log: Arc::default(),
+        };
+        for (name, opening) in ACCOUNTS {
+            bank.ledger
+                .post_once(&format!("open-{name}"), name, opening)
+                .unwrap();
+        }
+        bank
+    }
+
+    /// The balances and the ledger's entries; then removes the ledger.
+    fn books(bank: &Bank) -> (i64, i64, BTreeSet<String>) {
+        let entries = std::fs::read_dir(bank.ledger.dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| !name.starts_with('.'))
+            .collect();
+        let books = (
+            bank.ledger.balance("alice").unwrap(),
+            bank.ledger.balance("bob").unwrap(),
+            entries,
+        );
+        let _ = std::fs::remove_dir_all(&bank.ledger.root);
+        books
+    }
+
+    fn transfer(fail_notify: bool) -> Transfer {
+        Transfer {
+            from: "alice".into(),
+            to: "bob".into(),
+            amount: 30,
+            fail_notify,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn transfer_survives_double_execution() {
+        let test = CrashTest::new(|b| b.register::<TransferState>());
+        let report = test
+            .double_execution::<TransferState, _>(bank, || transfer(false), books)
+            .await
+            .unwrap();
+        assert_eq!(report.clean.outcome, Outcome::Succeeded);
+        assert_eq!((report.observed.0, report.observed.1), (70, 80));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn failed_transfer_rolls_back_through_double_execution() {
+        let test = CrashTest::new(|b| b.register::<TransferState>());
+        let report = test
+            .rollback_double_execution::<TransferState, _>(bank, || transfer(true), None, books)
+            .await
+            .unwrap();
+        assert!(matches!(report.clean.outcome, Outcome::RolledBack(_)));
+        // Every debit and credit has its reversal: the balances are back.
+        assert_eq!((report.observed.0, report.observed.1), (100, 50));
+        assert!(report.killed_before.kills >= 2);
+    }
+}
