@@ -453,9 +453,8 @@ async fn status(
 
 /// Waits until procedure `id` is in the lock queue.
 ///
-/// Its status turns `WaitingForLock` just before its request joins the queue, so the
-/// status alone does not say that a procedure submitted next will queue behind it: this
-/// also polls `lock_waiters` (briefly) for it.
+/// The executor reports `WaitingForLock` once the request is in the lock queue; this also
+/// checks `lock_waiters`, so the example states the order it relies on.
 async fn queued(executor: &Executor<Cluster>, id: ProcedureId) -> Result<(), Failure> {
     status(executor, id, |s| *s == Status::WaitingForLock).await?;
     while !executor.lock_waiters().contains(&id) {
@@ -777,5 +776,71 @@ mod crash_checks {
         let users = &report.observed["ns/users"];
         assert_eq!(users.regions.len(), 3);
         assert!(users.enabled);
+    }
+
+    /// A cluster holding an enabled `ns/users` of two regions.
+    fn cluster_with_users() -> Cluster {
+        let cluster = cluster();
+        cluster.catalog().tables.insert(
+            "ns/users".into(),
+            Table {
+                schema: "v1".into(),
+                regions: BTreeSet::from([0, 1]),
+                enabled: true,
+            },
+        );
+        cluster
+    }
+
+    fn catalog_view(cluster: &Cluster) -> (Vec<String>, Vec<String>, Vec<String>) {
+        let catalog = cluster.catalog();
+        let tables = catalog
+            .tables
+            .iter()
+            .map(|(key, t)| format!("{key} {} {:?} {}", t.schema, t.regions, t.enabled))
+            .collect();
+        let namespaces = catalog.namespaces.iter().cloned().collect();
+        let dropped = catalog.dropped.iter().map(|(key, _)| key.clone()).collect();
+        (tables, namespaces, dropped)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn alter_table_survives_double_execution() {
+        let test = CrashTest::new(|b| b.register::<AlterTableState>());
+        let report = test
+            .double_execution::<AlterTableState, _>(
+                cluster_with_users,
+                || AlterTable {
+                    ns: "ns".into(),
+                    table: "users".into(),
+                    schema: "v2".into(),
+                },
+                catalog_view,
+            )
+            .await
+            .unwrap();
+        assert_eq!(report.clean.outcome, Outcome::Succeeded);
+        assert_eq!(report.observed.0, ["ns/users v2 {0, 1} true"]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn drop_namespace_survives_double_execution() {
+        let test = CrashTest::new(|b| b.register::<DropNamespaceState>());
+        let report = test
+            .double_execution::<DropNamespaceState, _>(
+                cluster_with_users,
+                || DropNamespace { ns: "ns".into() },
+                catalog_view,
+            )
+            .await
+            .unwrap();
+        assert_eq!(report.clean.outcome, Outcome::Succeeded);
+        let (tables, namespaces, dropped) = report.observed;
+        assert!(tables.is_empty() && namespaces.is_empty());
+        assert_eq!(
+            dropped,
+            ["ns/users"],
+            "dropped once, however often the step ran"
+        );
     }
 }
