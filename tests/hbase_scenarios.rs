@@ -296,9 +296,16 @@ async fn child_on_last_step_runs_3_times_and_6_with_double_execution() {
         .unwrap();
     assert_eq!(report.outcome, Outcome::Succeeded);
     // The counts, on their own passes: 6 executions when killed before every write…
-    let journal = Arc::new(Journal::default());
-    let executions = killed_before_every_write(Arc::clone(&journal)).await;
-    assert_eq!(executions, 6, "{:?}", journal.events());
+    let (run, journal) = two_steps()
+        .run_killed::<TwoStepsState>(
+            Journal::default(),
+            TwoSteps { child_fails: false },
+            procflow::executor::WritePoint::Before,
+        )
+        .await
+        .unwrap();
+    assert_eq!(run.outcome, Outcome::Succeeded);
+    assert_eq!(journal.count("execute"), 6, "{:?}", journal.events());
     // … and 3 executions, 0 rollbacks, undisturbed.
     let plain = Arc::new(Journal::default());
     let executor = Executor::builder_shared(Arc::new(MemStore::new()), Arc::clone(&plain))
@@ -313,42 +320,6 @@ async fn child_on_last_step_runs_3_times_and_6_with_double_execution() {
         .unwrap();
     assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
     assert_eq!((plain.count("execute"), plain.count("rollback")), (3, 0));
-}
-
-/// Runs `TwoSteps` killing the executor before every other store write; returns how many
-/// handler executions happened.
-async fn killed_before_every_write(journal: Arc<Journal>) -> usize {
-    use procflow::executor::{ExecutorError, StoreWrite, WritePoint};
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let store = Arc::new(MemStore::new());
-    let kill_next = Arc::new(AtomicBool::new(true));
-    loop {
-        let toggle = Arc::clone(&kill_next);
-        let executor = Executor::builder_shared(store.clone(), Arc::clone(&journal))
-            .register::<TwoStepsState>()
-            .register::<ChildState>()
-            .kill_hook(move |w: &StoreWrite| {
-                w.point == WritePoint::Before && toggle.fetch_xor(true, Ordering::SeqCst)
-            })
-            .start()
-            .await
-            .unwrap();
-        let options = SubmitOptions::default().nonce("two-steps");
-        let Ok(id) = executor
-            .submit_with::<TwoStepsState>(TwoSteps { child_fails: false }, options)
-            .await
-        else {
-            continue;
-        };
-        match executor.wait(id).await {
-            Ok(outcome) => {
-                assert_eq!(outcome, Outcome::Succeeded);
-                return journal.count("execute");
-            }
-            Err(ExecutorError::Killed) => {}
-            Err(other) => panic!("{other}"),
-        }
-    }
 }
 
 /// HBase `TestStateMachineProcedure#testChildOnLastStepWithRollback` (and

@@ -317,10 +317,46 @@ impl<E: Send + Sync + 'static> CrashTest<E> {
         M: StateMachine<Env = E>,
         M::Procedure: Clone,
     {
+        self.single::<M>(env, procedure, abort_at_step, None).await
+    }
+
+    /// Runs `procedure` once while the executor dies right before (or after, per
+    /// `point`) every other store write and restarts; returns how it went and the
+    /// environment (to count how often each handler ran: twice per step with
+    /// [`WritePoint::Before`]).
+    ///
+    /// # Errors
+    ///
+    /// Executor or submit errors.
+    pub async fn run_killed<M>(
+        &self,
+        env: E,
+        procedure: M::Procedure,
+        point: WritePoint,
+    ) -> Result<(Run, Arc<E>), CrashTestError>
+    where
+        M: StateMachine<Env = E>,
+        M::Procedure: Clone,
+    {
+        let kills = Kills { point, only: None };
+        self.single::<M>(env, procedure, None, Some(kills)).await
+    }
+
+    async fn single<M>(
+        &self,
+        env: E,
+        procedure: M::Procedure,
+        abort_at_step: Option<u64>,
+        kills: Option<Kills>,
+    ) -> Result<(Run, Arc<E>), CrashTestError>
+    where
+        M: StateMachine<Env = E>,
+        M::Procedure: Clone,
+    {
         let env = Arc::new(env);
         let make = move || procedure.clone();
         let (run, ()) = self
-            .pass::<M, ()>(Arc::clone(&env), &make, &|_| (), abort_at_step, None)
+            .pass::<M, ()>(Arc::clone(&env), &make, &|_| (), abort_at_step, kills)
             .await?;
         Ok((run, env))
     }
