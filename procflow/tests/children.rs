@@ -141,15 +141,16 @@ async fn parent_resumes_after_all_children_succeed(store: TestStore) {
         .collect();
     assert_eq!(children.len(), 2);
     assert!(children.iter().all(|c| c.machine == "Kid"));
-    // `b` ends; the parent still waits for `a`.
-    executor.wait(children[1].id).await.unwrap();
-    assert_eq!(executor.state(id).unwrap().status, Status::WaitingChildren);
-    ledger.push("a go");
+    // `a` suspends (it must, before it is allowed on: otherwise a late first run of it
+    // would not suspend at all); `b` ends; the parent still waits for `a`.
     let mut a = executor.subscribe(children[0].id).unwrap();
     a.wait_for(|i| matches!(i.status, Status::Suspended { .. }))
         .await
         .unwrap();
-    executor.wake("a");
+    executor.wait(children[1].id).await.unwrap();
+    assert_eq!(executor.state(id).unwrap().status, Status::WaitingChildren);
+    ledger.push("a go");
+    assert_eq!(executor.wake("a"), 1);
     assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
     assert_eq!(executor.state(id).unwrap().state, "Done");
     assert_eq!(ledger.count("parent execute 2"), 1);

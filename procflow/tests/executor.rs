@@ -560,7 +560,14 @@ async fn shutdown_finishes_the_step_in_flight_and_resumes_later(store: TestStore
         ..Counter::named("p")
     };
     let id = executor.submit::<CounterState>(counter).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Shut down while step 1 (200 ms long) is in flight.
+    for _ in 0..500 {
+        if ledger.count("p execute 1") == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(ledger.count("p execute 1"), 1, "step 1 started");
     executor.shutdown().await.unwrap();
     // The step in flight (1) completed and was persisted; nothing else ran.
     assert_eq!(ledger.count("p execute 1"), 1);
