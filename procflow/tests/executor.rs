@@ -617,3 +617,85 @@ async fn subscription_sees_the_terminal_state(store: TestStore) {
         "progress only grows: {seen:?}"
     );
 }
+
+/// Grows by 100 bytes a step.
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Grow, env = Ledger)]
+enum GrowState {
+    #[initial]
+    #[transition(to = [Grow, Done])]
+    Grow,
+    #[terminal]
+    Done,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Grow {
+    data: Vec<u8>,
+    steps: u32,
+}
+
+impl GrowStateHandlers for Grow {
+    async fn grow(&mut self, ctx: &Context<Ledger>) -> Step<grow_state::Grow> {
+        ctx.env().push("grow");
+        self.data.extend([7; 100]);
+        self.steps += 1;
+        Ok(if self.steps < 10 {
+            grow_state::Grow::Grow
+        } else {
+            grow_state::Grow::Done
+        }
+        .into())
+    }
+}
+
+/// A store that refuses big values (etcd refuses requests over ~1.5 MiB): the refusal
+/// fails the one procedure (or submit) concerned, never the executor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_the_store_refuses_fails_only_its_procedure() {
+    use procflow::store::{Limits, MemStore};
+    let ledger = Ledger::default();
+    let limits = Limits {
+        max_ops_per_batch: None,
+        max_value_bytes: Some(300),
+    };
+    let store = Arc::new(MemStore::with_limits(limits));
+    let executor = Executor::builder(
+        Arc::clone(&store) as Arc<dyn procflow::store::Store>,
+        ledger.clone(),
+    )
+    .config(test_config())
+    .register::<CounterState>()
+    .register::<GrowState>()
+    .start()
+    .await
+    .unwrap();
+    // Too big from the start: the submit is refused, nothing else happens.
+    let huge = Counter::named(&"x".repeat(400));
+    match executor.submit::<CounterState>(huge).await {
+        Err(SubmitError::Executor(ExecutorError::Rejected(_))) => {}
+        other => panic!("expected a refused submit, got {other:?}"),
+    }
+    // Fits at first, outgrows the limit within three steps: it stops there, failed.
+    let grow = Grow {
+        data: Vec::new(),
+        steps: 0,
+    };
+    let id = executor.submit::<GrowState>(grow).await.unwrap();
+    match executor.wait(id).await.unwrap() {
+        Outcome::Failed(error) => {
+            assert!(error.to_string().contains("cannot persist"), "{error}");
+        }
+        other => panic!("expected the procedure to fail, got {other:?}"),
+    }
+    assert!(
+        ledger.count("grow") <= 3,
+        "it stopped where it could not be stored"
+    );
+    // The executor goes on.
+    let ok = executor
+        .submit::<CounterState>(Counter::named("small"))
+        .await
+        .unwrap();
+    assert_eq!(executor.wait(ok).await.unwrap(), Outcome::Succeeded);
+}

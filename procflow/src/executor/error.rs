@@ -14,6 +14,12 @@ pub enum ExecutorError {
     /// is healthy.
     #[error("store failure, executor stopped: {0}")]
     Store(Arc<StoreError>),
+    /// The store refused one write (a value or batch over its limits): nothing was
+    /// written, the store is healthy and the executor goes on. A procedure whose state
+    /// cannot be persisted any more is reported failed and stops where its last
+    /// persisted step left it.
+    #[error("the store refused the write: {0}")]
+    Rejected(Arc<StoreError>),
     /// A kill hook (or [`Executor::kill`](super::Executor::kill)) stopped the executor.
     #[error("executor was killed")]
     Killed,

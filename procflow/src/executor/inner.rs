@@ -8,7 +8,7 @@ use super::record::NEXT_ID_KEY;
 use super::status::{ProcedureInfo, Unloadable};
 use crate::ProcedureId;
 use crate::locks::LockTable;
-use procflow_store::{Batch, Op, Store};
+use procflow_store::{Batch, Op, Store, StoreError};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -147,10 +147,17 @@ impl<E> Inner<E> {
             index,
         };
         self.kill_at(&write(WritePoint::Before))?;
-        if let Err(error) = self.store.commit(batch).await {
-            let error = ExecutorError::Store(Arc::new(error));
-            self.halt(error.clone());
-            return Err(error);
+        match self.store.commit(batch).await {
+            Ok(()) => {}
+            // A refused batch changed nothing: only its procedure is affected.
+            Err(error @ StoreError::TooLarge { .. }) => {
+                return Err(ExecutorError::Rejected(Arc::new(error)));
+            }
+            Err(error) => {
+                let error = ExecutorError::Store(Arc::new(error));
+                self.halt(error.clone());
+                return Err(error);
+            }
         }
         self.kill_at(&write(WritePoint::After))
     }

@@ -1,6 +1,7 @@
 //! One task per live procedure: wait for what it waits for, run a step, persist, repeat.
 
 use super::erased::{DynProcedure, DynProgress};
+use super::error::ExecutorError;
 use super::hooks::WriteKind;
 use super::inner::{Entry, Inner};
 use super::record::{Envelope, Spawn, Wait, now_ms};
@@ -723,10 +724,24 @@ impl<E: Send + Sync + 'static> Runner<E> {
 
     // `&mut self`: a shared `&Runner` is not `Send` (the boxed procedure is not `Sync`).
     async fn commit(&mut self, kind: WriteKind, batch: Batch) -> Result<(), Exit> {
-        self.inner
-            .commit(self.id, kind, batch)
-            .await
-            .map_err(|_| Exit)
+        match self.inner.commit(self.id, kind, batch).await {
+            Ok(()) => Ok(()),
+            Err(ExecutorError::Rejected(error)) => {
+                // Its new state cannot be stored: stop it at its last persisted step
+                // (where a restart would resume it) and say so, rather than run on
+                // unpersisted.
+                tracing::error!(%error, "procedure state refused by the store; procedure stopped");
+                self.inner.publish(ProcedureInfo {
+                    status: Status::Failed,
+                    error: Some(Error::fatal(format!(
+                        "cannot persist this procedure: {error}"
+                    ))),
+                    ..self.info()
+                });
+                Err(Exit)
+            }
+            Err(_) => Err(Exit),
+        }
     }
 
     fn encode(&self) -> Result<Vec<u8>, Exit> {
