@@ -1,0 +1,296 @@
+//! procflow against the disk's limit and against what a user would write by hand, side by
+//! side in one run (issue 6, docs/BENCHMARKS.md).
+//!
+//! ```text
+//! cargo bench --bench compare              # full: 4 s per cell, 1/16/256/1024 concurrent
+//! cargo bench --bench compare -- --quick   # 1 s per cell, 1/16/256 concurrent
+//! ```
+//!
+//! Every workload runs the same ten-step machine with 64 bytes of state
+//! (`compare/machine.rs`) in closed-loop clients: each client runs one procedure to its
+//! end, then the next, for the cell's time. Ratios are throughput ratios to the
+//! baseline measured in the same run (higher is better). The last line is
+//! `summary: single_vs_raw=X wal256_vs_raw=X wal256_vs_redb=X mem_vs_loop=X load_vs_read=X`,
+//! `n/a` for what is not measured yet.
+
+// The crate root is benches/compare.rs: its modules live in benches/compare/.
+#[path = "compare/drive.rs"]
+mod drive;
+#[path = "compare/machine.rs"]
+mod machine;
+#[path = "compare/raw.rs"]
+mod raw;
+
+use drive::{Rate, closed_loop, executor_closed_loop};
+use machine::{Payload, STATE_BYTES, STEPS, TenSteps, drive as drive_by_hand};
+use procflow::executor::{Executor, Outcome};
+use procflow::{Context, ProcedureId};
+use procflow_store::{MemStore, Store, SyncMode, WalConfig, WalStore};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::runtime::Runtime;
+
+/// What one run measures, by mode.
+struct Plan {
+    quick: bool,
+    cell: Duration,
+    concurrency: &'static [u64],
+}
+
+impl Plan {
+    fn from_args() -> Self {
+        // cargo passes `--bench`; anything else but `--quick` is ignored too.
+        let quick = std::env::args().any(|arg| arg == "--quick");
+        Plan {
+            quick,
+            cell: Duration::from_millis(if quick { 1000 } else { 4000 }),
+            concurrency: if quick {
+                &[1, 16, 256]
+            } else {
+                &[1, 16, 256, 1024]
+            },
+        }
+    }
+}
+
+/// The figures the summary line is made of.
+#[derive(Default)]
+struct Summary {
+    single_vs_raw: Option<f64>,
+    wal256_vs_raw: Option<f64>,
+    wal256_vs_redb: Option<f64>,
+    mem_vs_loop: Option<f64>,
+    load_vs_read: Option<f64>,
+}
+
+impl Summary {
+    fn line(&self) -> String {
+        let show = |ratio: Option<f64>| ratio.map_or("n/a".to_owned(), |r| format!("{r:.2}"));
+        format!(
+            "summary: single_vs_raw={} wal256_vs_raw={} wal256_vs_redb={} mem_vs_loop={} load_vs_read={}",
+            show(self.single_vs_raw),
+            show(self.wal256_vs_raw),
+            show(self.wal256_vs_redb),
+            show(self.mem_vs_loop),
+            show(self.load_vs_read),
+        )
+    }
+}
+
+fn main() {
+    let plan = Plan::from_args();
+    let base = tempfile::Builder::new()
+        .prefix("compare-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .expect("a directory under the target dir");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    header(&plan, base.path());
+
+    let mut summary = Summary::default();
+    let record = record_size(&runtime, base.path());
+    let raw = raw::write_fdatasync_loop(base.path(), record, plan.cell);
+    let wal = wal_sweep(&plan, &runtime, base.path());
+    single_procedure(raw, record, &wal[0], &mut summary);
+    concurrency_sweep(raw, &wal, &mut summary);
+    executor_overhead(&plan, &runtime, &mut summary);
+
+    drop(runtime);
+    println!();
+    println!("{}", summary.line());
+}
+
+fn header(plan: &Plan, dir: &Path) {
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    println!(
+        "procflow compare: {} mode, {} ms per cell, {cores} cores, ten-step machine, {STATE_BYTES} B state",
+        if plan.quick { "quick" } else { "full" },
+        plan.cell.as_millis(),
+    );
+    match raw::file_system(dir) {
+        Some((mount, kind, source)) => {
+            println!(
+                "bench dir {} on {source} ({kind}, mounted at {mount})",
+                dir.display()
+            );
+            if kind == "tmpfs" {
+                println!("WARNING: tmpfs; fdatasync costs nothing here, the figures mean little");
+            }
+        }
+        None => println!("bench dir {} (file system unknown)", dir.display()),
+    }
+}
+
+/// Runs one procedure on a WAL (without fsync) and measures its records, so the raw loop
+/// writes what a step writes. Returns the mean record size in bytes.
+fn record_size(runtime: &Runtime, base: &Path) -> usize {
+    let dir = base.join("probe");
+    let config = WalConfig {
+        sync: SyncMode::NoSync,
+        ..WalConfig::default()
+    };
+    let store = Arc::new(WalStore::open(&dir, config).expect("open the probe WAL"));
+    runtime.block_on(async {
+        let executor = Executor::builder(store, ())
+            .register::<TenSteps>()
+            .start()
+            .await
+            .expect("start the executor");
+        let id = executor
+            .submit::<TenSteps>(Payload::new(0))
+            .await
+            .expect("submit");
+        assert_eq!(executor.wait(id).await.expect("wait"), Outcome::Succeeded);
+        executor.shutdown().await.expect("shutdown");
+    });
+    let sizes = raw::wal_record_sizes(&dir);
+    let mean = sizes.iter().sum::<usize>() / sizes.len();
+    println!(
+        "one procedure = {} WAL records (submit, {STEPS} steps, finish) of {:?} B; the raw loop writes {mean} B",
+        sizes.len(),
+        sizes
+    );
+    mean
+}
+
+/// A WAL cell's figures.
+struct WalCell {
+    clients: u64,
+    rate: Rate,
+    commits: u64,
+    syncs: u64,
+}
+
+impl WalCell {
+    fn commits_per_sec(&self) -> f64 {
+        self.commits as f64 / self.rate.elapsed.as_secs_f64()
+    }
+
+    fn commits_per_fsync(&self) -> f64 {
+        self.commits as f64 / self.syncs.max(1) as f64
+    }
+}
+
+/// Workloads 1 and 2: the executor on a durable WAL, at each concurrency.
+fn wal_sweep(plan: &Plan, runtime: &Runtime, base: &Path) -> Vec<WalCell> {
+    plan.concurrency
+        .iter()
+        .map(|&clients| {
+            let dir = base.join(format!("wal-{clients}"));
+            let store = Arc::new(WalStore::open(&dir, WalConfig::default()).expect("open WAL"));
+            let dyn_store: Arc<dyn Store> = store.clone();
+            runtime.block_on(async {
+                let (rate, executor) = executor_closed_loop(dyn_store, clients, plan.cell).await;
+                let stats = store.stats();
+                executor.shutdown().await.expect("shutdown");
+                WalCell {
+                    clients,
+                    rate,
+                    commits: stats.commits,
+                    syncs: stats.group_syncs,
+                }
+            })
+        })
+        .collect()
+}
+
+/// Workload 1: one procedure at a time on the durable WAL vs one fdatasync per step.
+fn single_procedure(raw: f64, record: usize, single: &WalCell, summary: &mut Summary) {
+    assert_eq!(single.clients, 1);
+    let steps = single.rate.steps_per_sec();
+    let ratio = steps / raw;
+    println!();
+    println!("## (1) single procedure: durable WalStore vs raw write+fdatasync ({record} B)");
+    println!();
+    println!("| what | steps/s | durable writes/s | writes/fsync | ratio |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    println!("| raw write+fdatasync loop | {raw:.0} | {raw:.0} | 1.0 | 1.00 |");
+    println!(
+        "| procflow executor, WalStore durable | {steps:.0} | {:.0} | {:.1} | {ratio:.2} |",
+        single.commits_per_sec(),
+        single.commits_per_fsync(),
+    );
+    summary.single_vs_raw = Some(ratio);
+}
+
+/// Workload 2: the executor on the durable WAL at each concurrency vs the raw loop.
+fn concurrency_sweep(raw: f64, wal: &[WalCell], summary: &mut Summary) {
+    println!();
+    println!("## (2) concurrency sweep: durable WalStore vs the raw single-writer loop");
+    println!();
+    println!("| concurrent | steps/s | procedures/s | durable writes/s | writes/fsync | vs raw |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| raw loop | {raw:.0} | | {raw:.0} | 1.0 | 1.00 |");
+    for cell in wal {
+        let steps = cell.rate.steps_per_sec();
+        println!(
+            "| {} | {steps:.0} | {:.0} | {:.0} | {:.1} | {:.2} |",
+            cell.clients,
+            cell.rate.procedures as f64 / cell.rate.elapsed.as_secs_f64(),
+            cell.commits_per_sec(),
+            cell.commits_per_fsync(),
+            steps / raw,
+        );
+        if cell.clients == 256 {
+            summary.wal256_vs_raw = Some(steps / raw);
+        }
+    }
+}
+
+/// Workload 4: the executor on a `MemStore` vs the same handlers driven by hand.
+fn executor_overhead(plan: &Plan, runtime: &Runtime, summary: &mut Summary) {
+    println!();
+    println!("## (4) executor overhead: executor on MemStore vs a hand-written tokio loop");
+    println!();
+    println!(
+        "| concurrent | executor steps/s | loop, await point per step | ratio | loop, no await point | ratio |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
+    for &clients in plan.concurrency {
+        let (executor, yielding, straight) = runtime.block_on(async {
+            let store: Arc<dyn Store> = Arc::new(MemStore::new());
+            let (rate, executor) = executor_closed_loop(store, clients, plan.cell).await;
+            executor.shutdown().await.expect("shutdown");
+            let yielding = hand_loop(clients, plan.cell, true).await;
+            let straight = hand_loop(clients, plan.cell, false).await;
+            (rate, yielding, straight)
+        });
+        let (e, y, s) = (
+            executor.steps_per_sec(),
+            yielding.steps_per_sec(),
+            straight.steps_per_sec(),
+        );
+        println!(
+            "| {clients} | {e:.0} | {y:.0} | {:.2} | {s:.0} | {:.2} |",
+            e / y,
+            e / s
+        );
+        if clients == 256 {
+            summary.mem_vs_loop = Some(e / y);
+        }
+    }
+}
+
+/// The same handlers driven by a loop in `clients` tokio tasks, persisting nothing. With
+/// `yield_each_step` every step ends with `tokio::task::yield_now`, so the clients'
+/// procedures interleave step by step as they do on the executor; without it a task
+/// never gives up its thread, and the clients run one after the other.
+async fn hand_loop(clients: u64, duration: Duration, yield_each_step: bool) -> Rate {
+    let env = Arc::new(());
+    closed_loop(clients, duration, move |client, n| {
+        let ctx = Context::new(ProcedureId::new(client << 32 | n), Arc::clone(&env));
+        async move {
+            let mut payload = Payload::new(client << 32 | n);
+            drive_by_hand(&mut payload, &ctx, move |_, _| async move {
+                if yield_each_step {
+                    tokio::task::yield_now().await;
+                }
+            })
+            .await
+        }
+    })
+    .await
+}

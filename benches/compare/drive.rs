@@ -1,0 +1,90 @@
+//! How a workload is driven: closed-loop clients, each running one procedure after the
+//! other for a fixed time; and the same procedures through procflow's executor.
+
+use crate::machine::{Payload, STEPS, TenSteps};
+use procflow::executor::{Executor, Outcome};
+use procflow::store::Store;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Steps finished and the time they took.
+#[derive(Clone, Copy, Debug)]
+pub struct Rate {
+    pub steps: u64,
+    pub procedures: u64,
+    pub elapsed: Duration,
+}
+
+impl Rate {
+    pub fn steps_per_sec(&self) -> f64 {
+        self.steps as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// Runs `clients` tasks; each starts procedures one after the other (`run(client, n)`
+/// runs one to its end and returns its steps) until `duration` has passed. The time
+/// counted ends when the last client has finished its last procedure, so every step
+/// counted is complete (durable, where the workload persists).
+pub async fn closed_loop<F, Fut>(clients: u64, duration: Duration, run: F) -> Rate
+where
+    F: Fn(u64, u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = u64> + Send + 'static,
+{
+    let run = Arc::new(run);
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..clients)
+        .map(|client| {
+            let run = Arc::clone(&run);
+            tokio::spawn(async move {
+                let (mut steps, mut procedures) = (0, 0);
+                while start.elapsed() < duration {
+                    steps += run(client, procedures).await;
+                    procedures += 1;
+                }
+                (steps, procedures)
+            })
+        })
+        .collect();
+    let (mut steps, mut procedures) = (0, 0);
+    for task in tasks {
+        let (s, p) = task.await.expect("client task");
+        steps += s;
+        procedures += p;
+    }
+    Rate {
+        steps,
+        procedures,
+        elapsed: start.elapsed(),
+    }
+}
+
+/// Starts an executor on `store` and runs `clients` closed-loop clients submitting the
+/// ten-step procedure and waiting for it. Returns the rate and the executor, still
+/// running (read the store's counters, then shut it down).
+pub async fn executor_closed_loop(
+    store: Arc<dyn Store>,
+    clients: u64,
+    duration: Duration,
+) -> (Rate, Executor<()>) {
+    let executor = Executor::builder(store, ())
+        .register::<TenSteps>()
+        .start()
+        .await
+        .expect("start the executor");
+    let handle = executor.clone();
+    let rate = closed_loop(clients, duration, move |client, n| {
+        let executor = handle.clone();
+        async move {
+            let id = executor
+                .submit::<TenSteps>(Payload::new(client << 32 | n))
+                .await
+                .expect("submit");
+            let outcome = executor.wait(id).await.expect("wait");
+            assert_eq!(outcome, Outcome::Succeeded);
+            STEPS
+        }
+    })
+    .await;
+    (rate, executor)
+}

@@ -1,0 +1,73 @@
+//! The disk's limit: one `write` and one `fdatasync` per step, and what a step costs on
+//! the WAL in bytes (so the raw loop writes records of the same size).
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Appends `size`-byte records to a new file in `dir`, each followed by `fdatasync`, for
+/// `duration`; returns writes per second.
+pub fn write_fdatasync_loop(dir: &Path, size: usize, duration: Duration) -> f64 {
+    let path = dir.join(format!("raw-{size}.log"));
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .expect("open the raw log");
+    let record = vec![0xA5; size];
+    let start = Instant::now();
+    let mut writes = 0u64;
+    while start.elapsed() < duration {
+        file.write_all(&record).expect("write");
+        file.sync_data().expect("fdatasync");
+        writes += 1;
+    }
+    let rate = writes as f64 / start.elapsed().as_secs_f64();
+    drop(file);
+    std::fs::remove_file(&path).expect("remove the raw log");
+    rate
+}
+
+/// The sizes of the records in a WAL directory, in log order (docs/FORMAT.md: a 32-byte
+/// segment header, then records of a 32-byte header whose bytes 4..8 hold the payload
+/// length, followed by the payload).
+pub fn wal_record_sizes(dir: &Path) -> Vec<usize> {
+    const SEGMENT_HEADER_LEN: usize = 32;
+    const RECORD_HEADER_LEN: usize = 32;
+    let mut segments: Vec<_> = std::fs::read_dir(dir)
+        .expect("read the WAL directory")
+        .map(|entry| entry.expect("directory entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "wal"))
+        .collect();
+    segments.sort();
+    let mut sizes = Vec::new();
+    for segment in segments {
+        let bytes = std::fs::read(&segment).expect("read a segment");
+        let mut at = SEGMENT_HEADER_LEN;
+        while at + RECORD_HEADER_LEN <= bytes.len() {
+            let len = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().expect("4 bytes"));
+            let size = RECORD_HEADER_LEN + len as usize;
+            sizes.push(size);
+            at += size;
+        }
+    }
+    sizes
+}
+
+/// The file system holding `path`, from `/proc/self/mounts`: (mount point, type, source).
+pub fn file_system(path: &Path) -> Option<(String, String, String)> {
+    let path = path.canonicalize().ok()?;
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let source = fields.next()?;
+            let target = fields.next()?;
+            let kind = fields.next()?;
+            Some((target.to_owned(), kind.to_owned(), source.to_owned()))
+        })
+        .filter(|(target, _, _)| path.starts_with(target))
+        .max_by_key(|(target, _, _)| target.len())
+}
