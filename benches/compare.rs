@@ -16,6 +16,8 @@
 // The crate root is benches/compare.rs: its modules live in benches/compare/.
 #[path = "compare/drive.rs"]
 mod drive;
+#[path = "compare/hand_redb.rs"]
+mod hand_redb;
 #[path = "compare/machine.rs"]
 mod machine;
 #[path = "compare/raw.rs"]
@@ -96,6 +98,7 @@ fn main() {
     let wal = wal_sweep(&plan, &runtime, base.path());
     single_procedure(raw, record, &wal[0], &mut summary);
     concurrency_sweep(raw, &wal, &mut summary);
+    versus_redb(&plan, &runtime, base.path(), &wal, &mut summary);
     executor_overhead(&plan, &runtime, &mut summary);
 
     drop(runtime);
@@ -236,6 +239,35 @@ fn concurrency_sweep(raw: f64, wal: &[WalCell], summary: &mut Summary) {
         );
         if cell.clients == 256 {
             summary.wal256_vs_raw = Some(steps / raw);
+        }
+    }
+}
+
+/// Workload 3: the executor on the durable WAL vs the same machine persisted to redb by
+/// hand, at the same concurrency.
+fn versus_redb(
+    plan: &Plan,
+    runtime: &Runtime,
+    base: &Path,
+    wal: &[WalCell],
+    summary: &mut Summary,
+) {
+    println!();
+    println!("## (3) hand-rolled alternative: each step committed to a redb table (durable)");
+    println!();
+    println!("| concurrent | procflow steps/s | redb steps/s | procflow / redb |");
+    println!("| ---: | ---: | ---: | ---: |");
+    for cell in wal {
+        let dir = base.join(format!("redb-{}", cell.clients));
+        let redb = runtime.block_on(hand_redb::closed_loop_on_redb(
+            &dir,
+            cell.clients,
+            plan.cell,
+        ));
+        let (p, r) = (cell.rate.steps_per_sec(), redb.steps_per_sec());
+        println!("| {} | {p:.0} | {r:.0} | {:.2} |", cell.clients, p / r);
+        if cell.clients == 256 {
+            summary.wal256_vs_redb = Some(p / r);
         }
     }
 }
