@@ -23,7 +23,7 @@ mod machine;
 #[path = "compare/raw.rs"]
 mod raw;
 
-use drive::{Rate, closed_loop, executor_closed_loop};
+use drive::{Rate, closed_loop, executor_closed_loop, store_commit_loop};
 use machine::{Payload, STATE_BYTES, STEPS, TenSteps, drive as drive_by_hand};
 use procflow::executor::{Executor, Outcome};
 use procflow::{Context, ProcedureId};
@@ -97,13 +97,18 @@ fn main() {
     // The disk's rate drifts by 10-20 % between seconds: measure it before and after the
     // WAL cells and compare with the mean.
     let raw_before = raw::write_fdatasync_loop(base.path(), record, plan.cell);
-    let wal = wal_sweep(&plan, &runtime, base.path());
+    let pool = runtime.block_on(raw::write_fdatasync_on_blocking_pool(
+        base.path(),
+        record,
+        plan.cell,
+    ));
+    let wal = wal_sweep(&plan, &runtime, base.path(), record);
     let raw_after = raw::write_fdatasync_loop(base.path(), record, plan.cell);
     let raw = (raw_before + raw_after) / 2.0;
     println!(
         "raw write+fdatasync of {record} B: {raw_before:.0}/s before the WAL cells, {raw_after:.0}/s after; mean {raw:.0}/s"
     );
-    single_procedure(raw, record, &wal[0], &mut summary);
+    single_procedure(raw, pool, record, &wal[0], &mut summary);
     concurrency_sweep(raw, &wal, &mut summary);
     versus_redb(&plan, &runtime, base.path(), &wal, &mut summary);
     executor_overhead(&plan, &runtime, &mut summary);
@@ -172,6 +177,8 @@ struct WalCell {
     rate: Rate,
     commits: u64,
     syncs: u64,
+    /// `WalStore::commit` alone at the same concurrency: commits/s, commits per fsync.
+    store_alone: (f64, f64),
 }
 
 impl WalCell {
@@ -185,10 +192,16 @@ impl WalCell {
 }
 
 /// Workloads 1 and 2: the executor on a durable WAL, at each concurrency.
-fn wal_sweep(plan: &Plan, runtime: &Runtime, base: &Path) -> Vec<WalCell> {
+fn wal_sweep(plan: &Plan, runtime: &Runtime, base: &Path, record: usize) -> Vec<WalCell> {
     plan.concurrency
         .iter()
         .map(|&clients| {
+            let dir = base.join(format!("store-{clients}"));
+            let store = Arc::new(WalStore::open(&dir, WalConfig::default()).expect("open WAL"));
+            // A one-`Put` batch's record is 40 bytes longer than its value.
+            let value_len = record.saturating_sub(40);
+            let store_alone =
+                runtime.block_on(store_commit_loop(store, clients, value_len, plan.cell));
             let dir = base.join(format!("wal-{clients}"));
             let store = Arc::new(WalStore::open(&dir, WalConfig::default()).expect("open WAL"));
             let dyn_store: Arc<dyn Store> = store.clone();
@@ -201,6 +214,7 @@ fn wal_sweep(plan: &Plan, runtime: &Runtime, base: &Path) -> Vec<WalCell> {
                     rate,
                     commits: stats.commits,
                     syncs: stats.group_syncs,
+                    store_alone,
                 }
             })
         })
@@ -208,7 +222,7 @@ fn wal_sweep(plan: &Plan, runtime: &Runtime, base: &Path) -> Vec<WalCell> {
 }
 
 /// Workload 1: one procedure at a time on the durable WAL vs one fdatasync per step.
-fn single_procedure(raw: f64, record: usize, single: &WalCell, summary: &mut Summary) {
+fn single_procedure(raw: f64, pool: f64, record: usize, single: &WalCell, summary: &mut Summary) {
     assert_eq!(single.clients, 1);
     let steps = single.rate.steps_per_sec();
     let ratio = steps / raw;
@@ -218,6 +232,15 @@ fn single_procedure(raw: f64, record: usize, single: &WalCell, summary: &mut Sum
     println!("| what | steps/s | durable writes/s | writes/fsync | ratio |");
     println!("| --- | ---: | ---: | ---: | ---: |");
     println!("| raw write+fdatasync loop (mean) | {raw:.0} | {raw:.0} | 1.0 | 1.00 |");
+    println!(
+        "| the same, each write on tokio's blocking pool | {pool:.0} | {pool:.0} | 1.0 | {:.2} |",
+        pool / raw
+    );
+    let (alone, per_sync) = single.store_alone;
+    println!(
+        "| WalStore::commit alone, 1 writer | {alone:.0} | {alone:.0} | {per_sync:.1} | {:.2} |",
+        alone / raw
+    );
     println!(
         "| procflow executor, WalStore durable | {steps:.0} | {:.0} | {:.1} | {ratio:.2} |",
         single.commits_per_sec(),
@@ -238,18 +261,22 @@ fn concurrency_sweep(raw: f64, wal: &[WalCell], summary: &mut Summary) {
     println!();
     println!("## (2) concurrency sweep: durable WalStore vs the raw single-writer loop");
     println!();
-    println!("| concurrent | steps/s | procedures/s | durable writes/s | writes/fsync | vs raw |");
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
-    println!("| raw loop (mean) | {raw:.0} | | {raw:.0} | 1.0 | 1.00 |");
+    println!(
+        "| concurrent | steps/s | procedures/s | durable writes/s | writes/fsync | vs raw | WalStore::commit alone/s | its writes/fsync |"
+    );
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| raw loop (mean) | {raw:.0} | | {raw:.0} | 1.0 | 1.00 | | |");
     for cell in wal {
         let steps = cell.rate.steps_per_sec();
         println!(
-            "| {} | {steps:.0} | {:.0} | {:.0} | {:.1} | {:.2} |",
+            "| {} | {steps:.0} | {:.0} | {:.0} | {:.1} | {:.2} | {:.0} | {:.1} |",
             cell.clients,
             cell.rate.procedures as f64 / cell.rate.elapsed.as_secs_f64(),
             cell.commits_per_sec(),
             cell.commits_per_fsync(),
             steps / raw,
+            cell.store_alone.0,
+            cell.store_alone.1,
         );
         if cell.clients == 256 {
             summary.wal256_vs_raw = Some(steps / raw);

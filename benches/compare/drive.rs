@@ -88,3 +88,30 @@ pub async fn executor_closed_loop(
     .await;
     (rate, executor)
 }
+
+/// `WalStore::commit` alone, without the executor: `writers` tasks each committing
+/// one-`Put` batches of `value_len` bytes back to back for `duration`. Returns commits/s
+/// and commits per group-commit fsync.
+pub async fn store_commit_loop(
+    store: Arc<procflow::store::WalStore>,
+    writers: u64,
+    value_len: usize,
+    duration: Duration,
+) -> (f64, f64) {
+    let handle = Arc::clone(&store);
+    let rate = closed_loop(writers, duration, move |writer, _| {
+        let store = Arc::clone(&handle);
+        async move {
+            let batch = procflow::store::Batch::new().put(writer, None, vec![7; value_len]);
+            store.commit(batch).await.expect("commit");
+            1
+        }
+    })
+    .await;
+    let stats = store.stats();
+    store.close().await.expect("close");
+    (
+        rate.steps_per_sec(),
+        stats.commits as f64 / stats.group_syncs.max(1) as f64,
+    )
+}

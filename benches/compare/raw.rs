@@ -71,3 +71,31 @@ pub fn file_system(path: &Path) -> Option<(String, String, String)> {
         .filter(|(target, _, _)| path.starts_with(target))
         .max_by_key(|(target, _, _)| target.len())
 }
+
+/// [`write_fdatasync_loop`] from one tokio task, each write+fdatasync on tokio's blocking
+/// pool (as `WalStore` runs its commits): the raw loop plus two thread hand-offs per write.
+pub async fn write_fdatasync_on_blocking_pool(dir: &Path, size: usize, duration: Duration) -> f64 {
+    let path = dir.join(format!("raw-pool-{size}.log"));
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .expect("open the raw log");
+    let file = std::sync::Arc::new(file);
+    let record = std::sync::Arc::new(vec![0xA5; size]);
+    let start = Instant::now();
+    let mut writes = 0u64;
+    while start.elapsed() < duration {
+        let (file, record) = (file.clone(), record.clone());
+        tokio::task::spawn_blocking(move || {
+            (&*file).write_all(&record).expect("write");
+            file.sync_data().expect("fdatasync");
+        })
+        .await
+        .expect("blocking write");
+        writes += 1;
+    }
+    let rate = writes as f64 / start.elapsed().as_secs_f64();
+    std::fs::remove_file(&path).expect("remove the raw log");
+    rate
+}
