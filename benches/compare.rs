@@ -12,6 +12,10 @@
 //! baseline measured in the same run (higher is better). The last line is
 //! `summary: single_vs_raw=X wal256_vs_raw=X wal256_vs_redb=X mem_vs_loop=X load_vs_read=X`,
 //! `n/a` for what is not measured yet.
+//!
+//! For profiling, `-- --cell store:256` (or `wal:256`, `mem:256`) runs one cell alone for
+//! the cell's time and prints its rate: `WalStore::commit` alone, the executor on the
+//! durable WAL, or the executor on `MemStore`.
 
 // The crate root is benches/compare.rs: its modules live in benches/compare/.
 #[path = "compare/drive.rs"]
@@ -91,6 +95,9 @@ fn main() {
         .build()
         .expect("tokio runtime");
     header(&plan, base.path());
+    if let Some(cell) = cell_arg() {
+        return one_cell(&cell, &plan, &runtime, base.path());
+    }
 
     let mut summary = Summary::default();
     let record = record_size(&runtime, base.path());
@@ -116,6 +123,40 @@ fn main() {
     drop(runtime);
     println!();
     println!("{}", summary.line());
+}
+
+/// The value of `--cell`, if given.
+fn cell_arg() -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    let at = args.iter().position(|arg| arg == "--cell")?;
+    Some(args.get(at + 1).expect("--cell KIND:CONCURRENCY").clone())
+}
+
+/// Runs one cell alone (for a profiler).
+fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
+    let (kind, clients) = cell.split_once(':').expect("--cell KIND:CONCURRENCY");
+    let clients: u64 = clients.parse().expect("a concurrency");
+    let dir = base.join("cell");
+    let rate = match kind {
+        "store" => {
+            let store = Arc::new(WalStore::open(&dir, WalConfig::default()).expect("open WAL"));
+            runtime
+                .block_on(store_commit_loop(store, clients, 168, plan.cell))
+                .0
+        }
+        "wal" | "mem" => runtime.block_on(async {
+            let store: Arc<dyn Store> = if kind == "wal" {
+                Arc::new(WalStore::open(&dir, WalConfig::default()).expect("open WAL"))
+            } else {
+                Arc::new(MemStore::new())
+            };
+            let (rate, executor) = executor_closed_loop(store, clients, plan.cell).await;
+            executor.shutdown().await.expect("shutdown");
+            rate.steps_per_sec()
+        }),
+        other => panic!("unknown cell kind {other}: store, wal or mem"),
+    };
+    println!("{cell}: {rate:.0}/s");
 }
 
 fn header(plan: &Plan, dir: &Path) {
