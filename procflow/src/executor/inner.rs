@@ -90,6 +90,15 @@ impl<E> Inner<E> {
         matches!(*self.mode.borrow(), Mode::Halted(_))
     }
 
+    /// Why the executor halted, if it did. Clones only then: it is checked around every
+    /// store write.
+    fn halt_reason(&self) -> Option<ExecutorError> {
+        match &*self.mode.borrow() {
+            Mode::Halted(reason) => Some(reason.clone()),
+            _ => None,
+        }
+    }
+
     pub(crate) fn is_running(&self) -> bool {
         matches!(*self.mode.borrow(), Mode::Running)
     }
@@ -136,7 +145,7 @@ impl<E> Inner<E> {
         kind: WriteKind,
         batch: Batch,
     ) -> Result<(), ExecutorError> {
-        if let Mode::Halted(reason) = self.mode() {
+        if let Some(reason) = self.halt_reason() {
             return Err(reason);
         }
         let index = self.writes.fetch_add(1, Ordering::Relaxed);
@@ -166,10 +175,7 @@ impl<E> Inner<E> {
         if self.hook.as_ref().is_some_and(|hook| hook.kill(write)) {
             self.halt(ExecutorError::Killed);
         }
-        match self.mode() {
-            Mode::Halted(reason) => Err(reason),
-            _ => Ok(()),
-        }
+        self.halt_reason().map_or(Ok(()), Err)
     }
 
     /// Publishes a procedure's new snapshot to its subscribers.
