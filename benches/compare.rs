@@ -22,6 +22,8 @@
 mod drive;
 #[path = "compare/hand_redb.rs"]
 mod hand_redb;
+#[path = "compare/hbase_store.rs"]
+mod hbase_store;
 #[path = "compare/machine.rs"]
 mod machine;
 #[path = "compare/raw.rs"]
@@ -119,6 +121,7 @@ fn main() {
     concurrency_sweep(raw, &wal, &mut summary);
     versus_redb(&plan, &runtime, base.path(), &wal, &mut summary);
     executor_overhead(&plan, &runtime, &mut summary);
+    hbase_store::run(plan.quick, &runtime, base.path());
 
     drop(runtime);
     println!();
