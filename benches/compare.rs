@@ -26,8 +26,12 @@ mod hand_redb;
 mod hbase_store;
 #[path = "compare/machine.rs"]
 mod machine;
+#[path = "compare/parked.rs"]
+mod parked;
 #[path = "compare/raw.rs"]
 mod raw;
+#[path = "compare/restart.rs"]
+mod restart;
 
 use drive::{Rate, closed_loop, executor_closed_loop, store_commit_loop};
 use machine::{Payload, STATE_BYTES, STEPS, TenSteps, drive as drive_by_hand};
@@ -122,6 +126,7 @@ fn main() {
     versus_redb(&plan, &runtime, base.path(), &wal, &mut summary);
     executor_overhead(&plan, &runtime, &mut summary);
     hbase_store::run(plan.quick, &runtime, base.path());
+    summary.load_vs_read = Some(restart::run(plan.quick, &runtime, base.path()));
 
     drop(runtime);
     println!();

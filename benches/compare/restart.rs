@@ -1,0 +1,203 @@
+//! Workload 6: restart. A log of N procedures with five updates each and 1 KiB of state,
+//! half of them ended and deleted, half parked (HBase's loader evaluation); then the time
+//! from `WalStore::open` to the executor's `start` returning with every unfinished
+//! procedure loaded, against reading the same segment files sequentially.
+
+use crate::parked::{self, FiveUpdates};
+use procflow::executor::Executor;
+use procflow_store::{SyncMode, WalConfig, WalStore};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::runtime::Runtime;
+
+/// Procedures in the log: HBase's loader evaluation uses a million.
+pub fn procedures(quick: bool) -> u64 {
+    if quick { 50_000 } else { 1_000_000 }
+}
+
+/// Clients generating the log: enough to keep both cores busy without fsyncs.
+const GENERATORS: u64 = 512;
+
+/// Reading the log and loading it once, from disk or from the page cache.
+struct Pass {
+    read: Duration,
+    open: Duration,
+    ready: Duration,
+    live: usize,
+}
+
+impl Pass {
+    /// Read throughput over load throughput of the same bytes (higher is better).
+    fn ratio(&self) -> f64 {
+        self.read.as_secs_f64() / self.ready.as_secs_f64()
+    }
+}
+
+/// Runs workload 6 in `base/restart`, prints its table and returns `load_vs_read`: the
+/// cold ratio if the page cache can be dropped, else the warm one.
+pub fn run(quick: bool, runtime: &Runtime, base: &Path) -> f64 {
+    let dir = base.join("restart");
+    let n = procedures(quick);
+    let generated = Instant::now();
+    generate(runtime, &dir, n);
+    let generated = generated.elapsed();
+    let files = segment_files(&dir);
+    let bytes: u64 = files
+        .iter()
+        .map(|f| f.metadata().expect("stat").len())
+        .sum();
+
+    // Cold first: the generation left the files in the page cache.
+    let cold = if drop_page_cache() {
+        Some(measure(runtime, &dir, &files, true))
+    } else {
+        println!("(6) cannot drop the page cache (not root?): the restart is measured warm only");
+        None
+    };
+    let warm = measure(runtime, &dir, &files, false);
+    print_table(n, generated, files.len(), bytes, cold.as_ref(), &warm);
+    std::fs::remove_dir_all(&dir).expect("remove the restart log");
+    cold.as_ref().unwrap_or(&warm).ratio()
+}
+
+/// Reads the files, then loads the store; when `cold`, both start with an empty page
+/// cache.
+fn measure(runtime: &Runtime, dir: &Path, files: &[PathBuf], cold: bool) -> Pass {
+    let cool = || assert!(!cold || drop_page_cache(), "the page cache can be dropped");
+    cool();
+    let read = read_all(files);
+    cool();
+    let (open, ready, live) = load(runtime, dir);
+    Pass {
+        read,
+        open,
+        ready,
+        live,
+    }
+}
+
+/// Builds the log: `n` procedures through an executor on a WAL without fsync (only the
+/// log's content matters here), odd ones ending and deleted, even ones parked.
+fn generate(runtime: &Runtime, dir: &Path, n: u64) {
+    let config = WalConfig {
+        sync: SyncMode::NoSync,
+        ..WalConfig::default()
+    };
+    let store = Arc::new(WalStore::open(dir, config).expect("open the restart WAL"));
+    runtime.block_on(async {
+        let executor = Executor::builder(store.clone(), ())
+            .register::<FiveUpdates>()
+            .config(parked::config(n))
+            .start()
+            .await
+            .expect("start the executor");
+        parked::populate(&executor, 0, n, GENERATORS, |id| id % 2 == 0).await;
+        parked::await_cleanup(store.as_ref(), n.div_ceil(2)).await;
+        executor.shutdown().await.expect("shutdown");
+    });
+}
+
+/// Opens the store as a restarting process would (default, durable configuration) and
+/// starts an executor on it. Returns the time to open the store, the time until the
+/// executor is ready (from the same start), and how many procedures it resumed.
+fn load(runtime: &Runtime, dir: &Path) -> (Duration, Duration, usize) {
+    runtime.block_on(async {
+        let start = Instant::now();
+        let store = Arc::new(WalStore::open(dir, WalConfig::default()).expect("reopen"));
+        let open = start.elapsed();
+        let executor = Executor::builder(store, ())
+            .register::<FiveUpdates>()
+            .config(parked::config(0))
+            .start()
+            .await
+            .expect("restart the executor");
+        let ready = start.elapsed();
+        assert!(executor.unloadable().is_empty(), "every procedure loads");
+        let live = executor
+            .list()
+            .iter()
+            .filter(|info| !info.status.is_finished())
+            .count();
+        // Parked procedures wait for an event nobody sends: shutting down stops them
+        // without another step or write.
+        executor.shutdown().await.expect("shutdown");
+        (open, ready, live)
+    })
+}
+
+/// The store's segment files, in name (log) order.
+fn segment_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("read the store directory")
+        .map(|entry| entry.expect("directory entry").path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "wal"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// Reads every file to its end, one after the other, in 4 MiB reads.
+fn read_all(files: &[PathBuf]) -> Duration {
+    let mut buffer = vec![0; 4 << 20];
+    let start = Instant::now();
+    for path in files {
+        let mut file = std::fs::File::open(path).expect("open a segment");
+        while file.read(&mut buffer).expect("read a segment") > 0 {}
+    }
+    start.elapsed()
+}
+
+/// Writes back dirty pages and drops the page cache, so the next read comes from the
+/// disk. Needs root; returns whether it worked.
+fn drop_page_cache() -> bool {
+    let synced = std::process::Command::new("sync")
+        .status()
+        .is_ok_and(|status| status.success());
+    synced && std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
+}
+
+fn print_table(
+    n: u64,
+    generated: Duration,
+    files: usize,
+    bytes: u64,
+    cold: Option<&Pass>,
+    warm: &Pass,
+) {
+    let mb = bytes as f64 / 1e6;
+    println!();
+    println!(
+        "## (6) restart: {n} procedures of 1 KiB, each submitted then updated 5 times; half ended and were deleted, half parked"
+    );
+    println!();
+    println!(
+        "log: {files} segment files, {mb:.1} MB on disk (generated in {:.1} s without fsync)",
+        generated.as_secs_f64()
+    );
+    println!();
+    println!(
+        "| page cache | read time | read MB/s | WalStore::open | executor ready | load MB/s | live procedures | load_vs_read |"
+    );
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let row = |label: &str, pass: &Pass| {
+        println!(
+            "| {label} | {:.3} s | {:.0} | {:.3} s | {:.3} s | {:.0} | {} | {:.2} |",
+            pass.read.as_secs_f64(),
+            mb / pass.read.as_secs_f64(),
+            pass.open.as_secs_f64(),
+            pass.ready.as_secs_f64(),
+            mb / pass.ready.as_secs_f64(),
+            pass.live,
+            pass.ratio(),
+        );
+    };
+    match cold {
+        Some(pass) => row("cold (dropped)", pass),
+        None => {
+            println!("| cold | not measured: the page cache could not be dropped | | | | | | |")
+        }
+    }
+    row("warm", warm);
+}
