@@ -18,6 +18,8 @@
 //! durable WAL, or the executor on `MemStore`.
 
 // The crate root is benches/compare.rs: its modules live in benches/compare/.
+#[path = "compare/disk_use.rs"]
+mod disk_use;
 #[path = "compare/drive.rs"]
 mod drive;
 #[path = "compare/hand_redb.rs"]
@@ -127,6 +129,7 @@ fn main() {
     executor_overhead(&plan, &runtime, &mut summary);
     hbase_store::run(plan.quick, &runtime, base.path());
     summary.load_vs_read = Some(restart::run(plan.quick, &runtime, base.path()));
+    disk_use::run(plan.quick, &runtime, base.path());
 
     drop(runtime);
     println!();
