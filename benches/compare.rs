@@ -13,11 +13,17 @@
 //! `summary: single_vs_raw=X wal256_vs_raw=X wal256_vs_redb=X mem_vs_loop=X load_vs_read=X`,
 //! `n/a` for what is not measured yet.
 //!
+//! Workloads 5 to 7 (HBase's store workload, restart, disk use after churn) run their own
+//! machines and counts, in `compare/hbase_store.rs`, `restart.rs` and `disk_use.rs`; the
+//! run ends by drawing the chart of workloads 1 to 3 (`compare/chart.rs`).
+//!
 //! For profiling, `-- --cell store:256` (or `wal:256`, `mem:256`) runs one cell alone for
 //! the cell's time and prints its rate: `WalStore::commit` alone, the executor on the
 //! durable WAL, or the executor on `MemStore`.
 
 // The crate root is benches/compare.rs: its modules live in benches/compare/.
+#[path = "compare/chart.rs"]
+mod chart;
 #[path = "compare/disk_use.rs"]
 mod disk_use;
 #[path = "compare/drive.rs"]
@@ -125,11 +131,19 @@ fn main() {
     );
     single_procedure(raw, pool, record, &wal[0], &mut summary);
     concurrency_sweep(raw, &wal, &mut summary);
-    versus_redb(&plan, &runtime, base.path(), &wal, &mut summary);
+    let redb = versus_redb(&plan, &runtime, base.path(), &wal, &mut summary);
     executor_overhead(&plan, &runtime, &mut summary);
     hbase_store::run(plan.quick, &runtime, base.path());
     summary.load_vs_read = Some(restart::run(plan.quick, &runtime, base.path()));
     disk_use::run(plan.quick, &runtime, base.path());
+    let procflow = wal.iter().map(|c| (c.clients, c.rate.steps_per_sec()));
+    let figures = chart::Throughput {
+        procflow: procflow.collect(),
+        redb,
+        raw,
+    };
+    println!();
+    chart::write(plan.quick, &figures);
 
     drop(runtime);
     println!();
@@ -337,19 +351,20 @@ fn concurrency_sweep(raw: f64, wal: &[WalCell], summary: &mut Summary) {
 }
 
 /// Workload 3: the executor on the durable WAL vs the same machine persisted to redb by
-/// hand, at the same concurrency.
+/// hand, at the same concurrency. Returns redb's (clients, steps/s), for the chart.
 fn versus_redb(
     plan: &Plan,
     runtime: &Runtime,
     base: &Path,
     wal: &[WalCell],
     summary: &mut Summary,
-) {
+) -> Vec<(u64, f64)> {
     println!();
     println!("## (3) hand-rolled alternative: each step committed to a redb table (durable)");
     println!();
     println!("| concurrent | procflow steps/s | redb steps/s | procflow / redb |");
     println!("| ---: | ---: | ---: | ---: |");
+    let mut figures = Vec::new();
     for cell in wal {
         let dir = base.join(format!("redb-{}", cell.clients));
         let redb = runtime.block_on(hand_redb::closed_loop_on_redb(
@@ -362,7 +377,9 @@ fn versus_redb(
         if cell.clients == 256 {
             summary.wal256_vs_redb = Some(p / r);
         }
+        figures.push((cell.clients, r));
     }
+    figures
 }
 
 /// Workload 4: the executor on a `MemStore` vs the same handlers driven by hand.
