@@ -320,3 +320,66 @@ async fn fencing_token_survives_compaction_of_its_segment() {
         assert_eq!(store.get(1).await.unwrap().unwrap().value, vec![1; 10]);
     }
 }
+
+/// Polls `future` to completion on this thread, with no async runtime anywhere.
+fn block_on_without_runtime<F: std::future::Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+        std::thread::park();
+    }
+}
+
+#[test]
+fn commit_and_close_need_no_async_runtime() {
+    for env in Env::all() {
+        let dir = env.fresh_dir();
+        let store = env.open_at(&dir, WalConfig::default()).unwrap();
+        block_on_without_runtime(store.commit(Batch::new().put(7, None, b"seven".to_vec())))
+            .unwrap();
+        block_on_without_runtime(store.close()).unwrap();
+        let err =
+            block_on_without_runtime(store.commit(Batch::new().put(8, None, vec![]))).unwrap_err();
+        assert!(matches!(err, StoreError::Closed), "{}: {err}", env.name);
+        drop(store);
+        let store = env.open_at(&dir, WalConfig::default()).unwrap();
+        let record = tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(store.get(7))
+            .unwrap();
+        assert_eq!(record.unwrap().value, b"seven", "{}", env.name);
+    }
+}
+
+#[tokio::test]
+async fn a_dropped_commit_future_still_commits_before_the_store_is_dropped() {
+    for env in Env::all() {
+        let dir = env.fresh_dir();
+        let store = env.open_at(&dir, WalConfig::default()).unwrap();
+        // Polled once (which queues the batch), then dropped without waiting.
+        {
+            let commit = store.commit(Batch::new().put(1, None, b"queued".to_vec()));
+            let mut commit = std::pin::pin!(commit);
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            let _ = commit.as_mut().poll(&mut cx);
+        }
+        drop(store);
+        let store = env.open_at(&dir, WalConfig::default()).unwrap();
+        assert_eq!(
+            store.get(1).await.unwrap().map(|r| r.value),
+            Some(b"queued".to_vec()),
+            "{}",
+            env.name
+        );
+    }
+}

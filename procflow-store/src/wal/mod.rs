@@ -1,13 +1,14 @@
 //! [`WalStore`]: the embedded write-ahead log, procflow's default store.
 //!
 //! Files by concept: [`record`] encodes one record and its checksums, [`segment`] names
-//! and creates segment files, [`writer`] appends and rolls, [`group_commit`] shares
-//! fsyncs, [`recovery`] scans and replays at open, [`compaction`] reclaims space,
-//! [`config`] holds the knobs. The bytes are described in `docs/FORMAT.md`.
+//! and creates segment files, [`writer`] appends and rolls, [`committer`] is the thread
+//! that writes queued batches and shares one fsync among them, [`recovery`] scans and
+//! replays at open, [`compaction`] reclaims space, [`config`] holds the knobs. The bytes
+//! are described in `docs/FORMAT.md`.
 
+mod committer;
 mod compaction;
 mod config;
-mod group_commit;
 mod record;
 mod recovery;
 mod segment;
@@ -16,11 +17,12 @@ mod writer;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 
 pub use config::{SyncMode, WalConfig};
 
+use self::committer::{Queue, Request};
 use self::compaction::LiveIndex;
-use self::group_commit::GroupCommit;
 use self::writer::Writer;
 use crate::error::StoreError;
 use crate::io::{DirLock, FsBackend, IoBackend};
@@ -36,8 +38,9 @@ use crate::store::{Batch, BoxFuture, Limits, Loaded, ProcId, Record, RecordInfo,
 ///
 /// * **Atomic batches**: one batch is one record; after a crash it is there entirely or
 ///   not at all.
-/// * **Group commit**: concurrent [`commit`](Store::commit)s share one `fdatasync`; the
-///   fsync runs on Tokio's blocking thread pool, never on a worker thread.
+/// * **Group commit**: one thread of the store's own (`procflow-wal`) writes every
+///   queued batch and makes them durable with one `fdatasync`; commits wait for it
+///   without blocking a Tokio worker.
 /// * **Compaction**: segments roll at [`WalConfig::segment_size`]; live entries left in
 ///   old segments are rewritten forward so old segments can be deleted, keeping disk use
 ///   within about twice the live data plus one segment.
@@ -68,6 +71,9 @@ use crate::store::{Batch, BoxFuture, Limits, Loaded, ProcId, Record, RecordInfo,
 /// ```
 pub struct WalStore {
     inner: Arc<Inner>,
+    /// The committer thread, joined on drop so the directory lock is released when the
+    /// store is gone.
+    committer: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for WalStore {
@@ -85,8 +91,8 @@ impl std::fmt::Debug for WalStore {
 pub struct WalStats {
     /// Batches committed since open.
     pub commits: u64,
-    /// `fdatasync` calls made by group commit since open (not counting those at segment
-    /// rolls and compaction).
+    /// `fdatasync` calls made for groups of commits since open (not counting those at
+    /// segment rolls and compaction).
     pub group_syncs: u64,
     /// Segment files in the log.
     pub segments: usize,
@@ -100,7 +106,7 @@ struct Inner {
     dir: PathBuf,
     config: WalConfig,
     log: Mutex<Log>,
-    group: GroupCommit,
+    queue: Queue,
     poisoned: AtomicBool,
     commits: AtomicU64,
     group_syncs: AtomicU64,
@@ -159,22 +165,26 @@ impl WalStore {
             recovered.active,
             recovered.next_seq,
         );
-        Ok(WalStore {
-            inner: Arc::new(Inner {
-                dir: dir.to_path_buf(),
-                config,
-                log: Mutex::new(Log {
-                    state: recovered.state,
-                    index: recovered.index,
-                    writer,
-                    closed: false,
-                    lock: Some(lock),
-                }),
-                group: GroupCommit::default(),
-                poisoned: AtomicBool::new(false),
-                commits: AtomicU64::new(0),
-                group_syncs: AtomicU64::new(0),
+        let inner = Arc::new(Inner {
+            dir: dir.to_path_buf(),
+            config,
+            log: Mutex::new(Log {
+                state: recovered.state,
+                index: recovered.index,
+                writer,
+                closed: false,
+                lock: Some(lock),
             }),
+            queue: Queue::default(),
+            poisoned: AtomicBool::new(false),
+            commits: AtomicU64::new(0),
+            group_syncs: AtomicU64::new(0),
+        });
+        let committer = committer::spawn(inner.clone())
+            .map_err(|e| StoreError::io("starting the committer thread", dir, e))?;
+        Ok(WalStore {
+            inner,
+            committer: Some(committer),
         })
     }
 
@@ -207,79 +217,45 @@ impl Inner {
     /// Marks the store poisoned and passes `error` through.
     fn poison(&self, error: StoreError) -> StoreError {
         self.poisoned.store(true, Ordering::SeqCst);
-        self.group.fail();
         error
     }
 
-    fn commit_blocking(&self, batch: Batch) -> Result<(), StoreError> {
-        let end = {
-            let mut log = self.lock_log();
-            if log.closed {
-                return Err(StoreError::Closed);
-            }
-            if self.poisoned.load(Ordering::SeqCst) {
-                return Err(StoreError::Poisoned);
-            }
-            let prepared = log.state.prepare(batch, &Limits::default())?;
-            let bytes = record::encode(
-                record::KIND_BATCH,
-                log.writer.next_seq(),
-                prepared.fencing_token,
-                &prepared.changes,
-            )?;
-            let Log {
-                state,
-                index,
-                writer,
-                ..
-            } = &mut *log;
-            let segment = writer.write(&bytes).map_err(|e| self.poison(e))?;
-            state.observe_token(prepared.fencing_token);
-            for change in prepared.changes {
-                index.note(segment, &change);
-                state.apply(change);
-            }
-            compaction::compact(state, index, writer).map_err(|e| self.poison(e))?;
-            self.group.mark_synced(writer.durable_through());
-            writer.position()
-        };
-        self.commits.fetch_add(1, Ordering::Relaxed);
-        self.wait_durable(end)
+    fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::SeqCst)
     }
 
-    /// Returns once everything before log position `end` is durable.
-    fn wait_durable(&self, end: u64) -> Result<(), StoreError> {
-        if self.config.sync == SyncMode::NoSync {
-            return Ok(());
+    /// Whether commits wait for `fdatasync`.
+    fn durable(&self) -> bool {
+        self.config.sync == SyncMode::Durable
+    }
+
+    /// Hands `request` to the committer thread and waits for its answer. `closed` is the
+    /// answer if the committer has stopped after a close.
+    async fn request(
+        &self,
+        request: impl FnOnce(committer::Reply) -> Request,
+        closed: Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if self.queue.push(request(reply)).is_err() {
+            return if self.is_poisoned() {
+                Err(StoreError::Poisoned)
+            } else {
+                closed
+            };
         }
-        self.group.wait_durable(end, || {
-            let (file, through, path) = self.lock_log().writer.sync_target();
-            file.sync_data().map_err(|e| {
-                self.poisoned.store(true, Ordering::SeqCst);
-                StoreError::io("syncing a segment", path, e)
-            })?;
-            self.group_syncs.fetch_add(1, Ordering::Relaxed);
-            Ok(through)
-        })
+        // A dropped reply means the committer thread died: nothing it had is durable.
+        answer.await.unwrap_or(Err(StoreError::Poisoned))
     }
+}
 
-    fn close_blocking(&self) -> Result<(), StoreError> {
-        let end = {
-            let mut log = self.lock_log();
-            if log.closed {
-                return Ok(());
-            }
-            log.closed = true;
-            log.writer.position()
-        };
-        let result = if self.poisoned.load(Ordering::SeqCst) {
-            Err(StoreError::Poisoned)
-        } else {
-            self.wait_durable(end)
-        };
-        let lock = self.lock_log().lock.take();
-        drop(lock);
-        result
+impl Drop for WalStore {
+    fn drop(&mut self) {
+        self.inner.queue.stop();
+        if let Some(committer) = self.committer.take() {
+            // It serves what is queued (commits whose futures were dropped), then exits.
+            let _ = committer.join();
+        }
     }
 }
 
@@ -299,8 +275,9 @@ fn blocking<T: Send + 'static>(
 
 /// # Panics
 ///
-/// Every method except [`Store::limits`] must be called within a Tokio runtime: the work
-/// runs on its blocking thread pool.
+/// [`Store::load`], [`Store::get`] and [`Store::list`] must be called within a Tokio
+/// runtime: they copy from the in-memory state on its blocking thread pool. `commit` and
+/// `close` talk to the store's own thread and need no runtime.
 ///
 /// # Cancel safety
 ///
@@ -308,7 +285,10 @@ fn blocking<T: Send + 'static>(
 /// and may or may not become durable.
 impl Store for WalStore {
     fn commit(&self, batch: Batch) -> BoxFuture<'_, Result<(), StoreError>> {
-        blocking(&self.inner, move |inner| inner.commit_blocking(batch))
+        Box::pin(self.inner.request(
+            |reply| Request::Commit(batch, reply),
+            Err(StoreError::Closed),
+        ))
     }
 
     fn load(&self) -> BoxFuture<'_, Result<Loaded, StoreError>> {
@@ -328,6 +308,7 @@ impl Store for WalStore {
     }
 
     fn close(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        blocking(&self.inner, Inner::close_blocking)
+        // Closing twice is fine: the second finds the committer stopped.
+        Box::pin(self.inner.request(Request::Close, Ok(())))
     }
 }

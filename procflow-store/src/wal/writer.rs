@@ -1,6 +1,11 @@
 //! The segment writer: appends encoded records to the active segment, rolls to a new
 //! segment at [`WalConfig::segment_size`](crate::WalConfig::segment_size), and removes
 //! segments compaction has emptied.
+//!
+//! Records are gathered in memory and reach the file in one `write` per group commit
+//! ([`Writer::flush`], which every sync and roll runs first): a group of 200 records is
+//! one system call, not 200. Nothing is acknowledged before its flush and sync, so a
+//! crash loses only records no commit was answered for.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -28,11 +33,9 @@ pub(crate) struct Writer {
     /// Every segment, oldest first; the last one is active.
     segments: Vec<SegmentInfo>,
     active: Arc<dyn LogFile>,
+    /// Records written to the active segment but not yet appended to its file.
+    buffer: Vec<u8>,
     next_seq: u64,
-    /// Record bytes appended since open, across segments: the group commit's clock.
-    position: u64,
-    /// Position up to which the writer itself synced (at rolls and compaction).
-    durable_through: u64,
 }
 
 impl Writer {
@@ -53,23 +56,14 @@ impl Writer {
             sync,
             segments,
             active,
+            buffer: Vec::new(),
             next_seq,
-            position: 0,
-            durable_through: 0,
         }
     }
 
     /// The sequence number the next record must carry.
     pub(crate) fn next_seq(&self) -> u64 {
         self.next_seq
-    }
-
-    pub(crate) fn position(&self) -> u64 {
-        self.position
-    }
-
-    pub(crate) fn durable_through(&self) -> u64 {
-        self.durable_through
     }
 
     pub(crate) fn segments(&self) -> &[SegmentInfo] {
@@ -80,14 +74,14 @@ impl Writer {
         self.segments[self.segments.len() - 1]
     }
 
-    fn active_path(&self) -> PathBuf {
-        segment::path(&self.dir, self.active_info().number)
+    /// The active segment's file.
+    pub(crate) fn active(&self) -> Arc<dyn LogFile> {
+        self.active.clone()
     }
 
-    /// What the group commit's syncer needs: the active file, the position that syncing it
-    /// makes durable, and its path for error messages.
-    pub(crate) fn sync_target(&self) -> (Arc<dyn LogFile>, u64, PathBuf) {
-        (self.active.clone(), self.position, self.active_path())
+    /// The active segment's path, for error messages.
+    pub(crate) fn active_path(&self) -> PathBuf {
+        segment::path(&self.dir, self.active_info().number)
     }
 
     /// Appends one encoded record carrying sequence number [`Writer::next_seq`], rolling
@@ -98,14 +92,23 @@ impl Writer {
         if active.len > SEGMENT_HEADER_LEN as u64 && active.len + len > self.segment_size {
             self.roll()?;
         }
-        self.active
-            .append(record)
-            .map_err(|e| StoreError::io("appending a record", self.active_path(), e))?;
+        self.buffer.extend_from_slice(record);
         let last = self.segments.len() - 1;
         self.segments[last].len += len;
-        self.position += len;
         self.next_seq += 1;
         Ok(self.segments[last].number)
+    }
+
+    /// Appends the buffered records to the active segment's file.
+    pub(crate) fn flush(&mut self) -> Result<(), StoreError> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        self.active
+            .append(&self.buffer)
+            .map_err(|e| StoreError::io("appending a record", self.active_path(), e))?;
+        self.buffer.clear();
+        Ok(())
     }
 
     /// Syncs the active segment, then starts the next one.
@@ -120,14 +123,15 @@ impl Writer {
         Ok(())
     }
 
-    /// Makes everything written so far durable.
+    /// Makes everything written so far durable (in [`SyncMode::NoSync`](crate::SyncMode),
+    /// hands it to the operating system).
     pub(crate) fn sync_active(&mut self) -> Result<(), StoreError> {
+        self.flush()?;
         if self.sync {
             self.active
                 .sync_data()
                 .map_err(|e| StoreError::io("syncing a segment", self.active_path(), e))?;
         }
-        self.durable_through = self.position;
         Ok(())
     }
 

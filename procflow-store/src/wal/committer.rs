@@ -1,0 +1,272 @@
+//! The committer: one thread per store that turns queued batches into durable records.
+//!
+//! [`Store::commit`](crate::Store::commit) puts its batch on the [`Queue`] with a
+//! oneshot reply and awaits the reply. The thread takes everything queued, appends each
+//! batch as one record (prepared in queue order, so a batch sees every batch before it),
+//! makes the whole group durable with one `fdatasync` and then answers every commit of
+//! the group. Commits that arrive during that fsync form the next group: that is the
+//! group commit.
+//!
+//! Why a thread of its own: the first version ran every commit on a thread of Tokio's
+//! blocking pool that then parked on a condition variable until some commit's fsync
+//! covered it. At 256 commits in flight that made 256 parked threads and a `notify_all`
+//! herd per fsync; two cores spent two thirds of their time in futex calls and the disk
+//! saw 480 fsyncs a second (docs/BENCHMARKS.md). One thread and one oneshot per commit
+//! cost one task wake-up per commit.
+//!
+//! When the queue is empty the thread spins for [`SPIN`] before it sleeps: a procedure's
+//! next step usually arrives within microseconds, sooner than a sleeping thread wakes.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::oneshot;
+
+use super::{Inner, Log, compaction, record};
+use crate::error::StoreError;
+use crate::store::{Batch, Limits};
+
+/// How long the idle thread polls the queue before it sleeps on the condition variable.
+const SPIN: Duration = Duration::from_micros(100);
+
+/// Where a request's answer goes.
+pub(crate) type Reply = oneshot::Sender<Result<(), StoreError>>;
+
+/// What the committer thread is asked to do, in order.
+pub(crate) enum Request {
+    /// Append the batch and answer once it is durable.
+    Commit(Batch, Reply),
+    /// Refuse later commits, make everything before durable, release the directory lock.
+    Close(Reply),
+}
+
+/// Requests waiting for the committer thread.
+#[derive(Default)]
+pub(crate) struct Queue {
+    state: Mutex<QueueState>,
+    wake: Condvar,
+    /// `state.requests.len()`, readable without the lock while the thread spins.
+    queued: AtomicUsize,
+}
+
+#[derive(Default)]
+struct QueueState {
+    requests: Vec<Request>,
+    /// The thread waits on the condition variable: a push must notify it.
+    sleeping: bool,
+    /// No more requests are taken (after a close, a drop or the thread's death).
+    stopped: bool,
+}
+
+impl Queue {
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        // Nothing panics while the queue is locked; tolerate poisoning anyway.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `request`, or hands it back if the committer has stopped.
+    pub(crate) fn push(&self, request: Request) -> Result<(), Request> {
+        let mut state = self.lock();
+        if state.stopped {
+            return Err(request);
+        }
+        state.requests.push(request);
+        self.queued.store(state.requests.len(), Ordering::Release);
+        if state.sleeping {
+            state.sleeping = false;
+            self.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Stops taking requests; those already queued are still served.
+    pub(crate) fn stop(&self) {
+        self.lock().stopped = true;
+        self.wake.notify_one();
+    }
+
+    /// Everything queued, waiting for something if the queue is empty; `None` once the
+    /// queue is stopped and empty.
+    fn take(&self) -> Option<Vec<Request>> {
+        let spin_until = Instant::now() + SPIN;
+        while self.queued.load(Ordering::Acquire) == 0 && Instant::now() < spin_until {
+            std::hint::spin_loop();
+        }
+        let mut state = self.lock();
+        while state.requests.is_empty() {
+            if state.stopped {
+                return None;
+            }
+            state.sleeping = true;
+            state = self.wake.wait(state).unwrap_or_else(|e| e.into_inner());
+        }
+        state.sleeping = false;
+        self.queued.store(0, Ordering::Release);
+        Some(std::mem::take(&mut state.requests))
+    }
+}
+
+/// Starts the committer thread of `inner`.
+pub(crate) fn spawn(inner: Arc<Inner>) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("procflow-wal".into())
+        .spawn(move || run(&inner))
+}
+
+fn run(inner: &Inner) {
+    // If serving a group panics, the guard stops the queue and drops every waiting
+    // request: their commits get `Poisoned` instead of waiting forever.
+    let _guard = StopOnExit(inner);
+    while let Some(group) = inner.queue.take() {
+        serve(inner, group);
+    }
+}
+
+struct StopOnExit<'a>(&'a Inner);
+
+impl Drop for StopOnExit<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.poisoned.store(true, Ordering::SeqCst);
+        }
+        let mut state = self.0.queue.lock();
+        state.stopped = true;
+        state.requests.clear();
+    }
+}
+
+/// One group: write every request's record, make them durable together, answer.
+fn serve(inner: &Inner, group: Vec<Request>) {
+    let mut written: Vec<Reply> = Vec::with_capacity(group.len());
+    let mut close: Option<Reply> = None;
+    let outcome = {
+        let mut log = inner.lock_log();
+        let mut outcome = Ok(());
+        for request in group {
+            match request {
+                Request::Commit(batch, reply) => {
+                    match write(inner, &mut log, batch) {
+                        Ok(()) => written.push(reply),
+                        Err(Fault::Refused(e)) => answer(reply, Err(e)),
+                        Err(Fault::Io(e)) => {
+                            // The record may be half on disk: nothing more is written.
+                            answer(reply, Err(e));
+                            outcome = Err(StoreError::Poisoned);
+                            break;
+                        }
+                    }
+                }
+                Request::Close(reply) => {
+                    log.closed = true;
+                    close = Some(reply);
+                }
+            }
+        }
+        if outcome.is_ok() && !written.is_empty() {
+            let Log {
+                state,
+                index,
+                writer,
+                ..
+            } = &mut *log;
+            outcome = compaction::compact(state, index, writer)
+                .and_then(|_| writer.flush())
+                .map_err(|e| inner.poison(e));
+        }
+        outcome
+    };
+    let outcome = outcome.and_then(|()| sync(inner, !written.is_empty()));
+    finish(inner, written, close, outcome);
+}
+
+/// Why a request was not written.
+enum Fault {
+    /// The batch is invalid or the store refuses it; the log is unchanged.
+    Refused(StoreError),
+    /// Writing failed; the store is poisoned.
+    Io(StoreError),
+}
+
+/// Appends `batch` as one record and applies it to the in-memory state.
+fn write(inner: &Inner, log: &mut Log, batch: Batch) -> Result<(), Fault> {
+    if log.closed {
+        return Err(Fault::Refused(StoreError::Closed));
+    }
+    if inner.is_poisoned() {
+        return Err(Fault::Refused(StoreError::Poisoned));
+    }
+    let prepared = log
+        .state
+        .prepare(batch, &Limits::default())
+        .map_err(Fault::Refused)?;
+    let bytes = record::encode(
+        record::KIND_BATCH,
+        log.writer.next_seq(),
+        prepared.fencing_token,
+        &prepared.changes,
+    )
+    .map_err(Fault::Refused)?;
+    let segment = log
+        .writer
+        .write(&bytes)
+        .map_err(|e| Fault::Io(inner.poison(e)))?;
+    log.state.observe_token(prepared.fencing_token);
+    for change in prepared.changes {
+        log.index.note(segment, &change);
+        log.state.apply(change);
+    }
+    inner.commits.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Makes the flushed records durable: the group's one `fdatasync`. The log lock is not
+/// held, so reads go on meanwhile; only this thread writes, so the file cannot change.
+fn sync(inner: &Inner, wrote: bool) -> Result<(), StoreError> {
+    if !wrote || !inner.durable() {
+        return Ok(());
+    }
+    let (file, path) = {
+        let log = inner.lock_log();
+        (log.writer.active(), log.writer.active_path())
+    };
+    file.sync_data()
+        .map_err(|e| inner.poison(StoreError::io("syncing a segment", path, e)))?;
+    inner.group_syncs.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Answers the group's commits and its close, if any.
+fn finish(
+    inner: &Inner,
+    written: Vec<Reply>,
+    close: Option<Reply>,
+    outcome: Result<(), StoreError>,
+) {
+    let failed = outcome.is_err();
+    let mut error = outcome.err();
+    for reply in written {
+        // The first commit gets the real error, the others learn the store is poisoned.
+        let result = match error.take() {
+            Some(e) => Err(e),
+            None if failed => Err(StoreError::Poisoned),
+            None => Ok(()),
+        };
+        answer(reply, result);
+    }
+    if let Some(reply) = close {
+        let result = if inner.is_poisoned() {
+            Err(StoreError::Poisoned)
+        } else {
+            Ok(())
+        };
+        drop(inner.lock_log().lock.take());
+        inner.queue.stop();
+        answer(reply, result);
+    }
+}
+
+fn answer(reply: Reply, result: Result<(), StoreError>) {
+    // The committer may have given up waiting (a dropped future): nothing to tell.
+    let _ = reply.send(result);
+}
