@@ -136,8 +136,9 @@ async fn double_execution_counter_ends_at_26() {
         .unwrap();
     assert_eq!(report.observed, (Some("total 26".into()), true));
     assert_eq!(report.clean.outcome, Outcome::Succeeded);
-    // Submit, four steps and the end: six writes, each killed once before it.
-    assert_eq!(report.killed_before.kills, 6);
+    // Submit, three steps and the end carrying the fourth (terminal) step: five writes,
+    // each killed once before it.
+    assert_eq!(report.killed_before.kills, 5);
     assert_eq!(report.killed_after.kills, 3);
 }
 

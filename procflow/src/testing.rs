@@ -473,10 +473,10 @@ pub struct Persisted<M: StateMachine> {
 /// let after_one = steps.step().await?.unwrap();
 /// assert_eq!(after_one.cursor.state(), JobState::Two);
 /// assert_eq!(after_one.procedure.log, [1]);
-/// let after_two = steps.step().await?.unwrap();
-/// assert_eq!(after_two.cursor.state(), JobState::Done);
-/// assert!(!after_two.finished);
-/// let end = steps.step().await?.unwrap(); // the write that marks it finished
+/// // The step into the terminal state is written with the end: one write.
+/// let end = steps.step().await?.unwrap();
+/// assert_eq!(end.cursor.state(), JobState::Done);
+/// assert_eq!(end.procedure.log, [1, 2]);
 /// assert!(end.finished);
 /// assert!(steps.step().await?.is_none());
 /// # Ok::<(), procflow::testing::CrashTestError>(())

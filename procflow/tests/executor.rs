@@ -233,9 +233,9 @@ async fn kill_at_every_write(store: TestStore, point: WritePoint) {
     for n in 1..=4 {
         assert_eq!(ledger.count(&format!("p execute {n}")), runs, "step {n}");
     }
-    // Submit, four steps and the finish are six writes; every other one (Before: every
-    // one, each before its retry) was a kill.
-    let expected = if point == WritePoint::Before { 6 } else { 3 };
+    // Submit, three steps and the finish (which carries the fourth, terminal step) are
+    // five writes; every other one (Before: every one, each before its retry) was a kill.
+    let expected = if point == WritePoint::Before { 5 } else { 3 };
     assert_eq!(kills, expected);
 }
 

@@ -270,6 +270,12 @@ impl<E: Send + Sync + 'static> Runner<E> {
         match progress {
             DynProgress::Moved => {
                 self.succeeded();
+                if self.procedure.phase().is_finished() {
+                    // The step reached a terminal state: the next turn writes it together
+                    // with the end (`Finish`), one durable write instead of two. A crash
+                    // before that write runs this last step again, as for any step.
+                    return Ok(());
+                }
                 self.persist(WriteKind::Step).await
             }
             DynProgress::Spawned(children) => {
