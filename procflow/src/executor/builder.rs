@@ -6,7 +6,7 @@ use super::config::Config;
 use super::erased::Registry;
 use super::error::ExecutorError;
 use super::hooks::KillHook;
-use super::inner::{Inner, Mode, Table};
+use super::inner::{self, Inner, Mode, Table};
 use super::record::{Envelope, NEXT_ID_KEY, NONCE_PREFIX};
 use super::runner::{self, Launch};
 use super::status::Unloadable;
@@ -15,7 +15,7 @@ use crate::{ProcedureId, StateMachine};
 use procflow_store::{Loaded, Record, Store};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize};
 use tokio::sync::{Semaphore, watch};
 use tokio_util::task::TaskTracker;
 
@@ -111,6 +111,7 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             locks: LockTable::new(),
             nonce_gate: tokio::sync::Mutex::new(()),
             mode: watch::Sender::new(Mode::Running),
+            mode_flag: AtomicU8::new(inner::RUNNING),
             hook: self.hook,
             writes: AtomicU64::new(0),
             tasks: TaskTracker::new(),

@@ -10,7 +10,7 @@ use crate::ProcedureId;
 use crate::locks::LockTable;
 use procflow_store::{Batch, Op, Store, StoreError};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio_util::task::TaskTracker;
@@ -18,6 +18,12 @@ use tokio_util::task::TaskTracker;
 /// How many ids one reservation in the store covers: one metadata write per block of
 /// submits, not per submit.
 const ID_BLOCK: u64 = 1024;
+
+/// [`Inner::mode_flag`] values: [`Mode`] only moves forward, running → shutting down →
+/// halted (or running → halted).
+pub(crate) const RUNNING: u8 = 0;
+const SHUTTING_DOWN: u8 = 1;
+const HALTED: u8 = 2;
 
 /// Whether the executor runs.
 #[derive(Clone, Debug)]
@@ -45,6 +51,8 @@ pub(crate) struct Inner<E> {
     /// Serialises submits that carry a nonce, so one nonce makes one procedure.
     pub(crate) nonce_gate: tokio::sync::Mutex<()>,
     pub(crate) mode: watch::Sender<Mode>,
+    /// [`Mode`]'s variant as a number, read on every step without the watch's lock.
+    pub(crate) mode_flag: AtomicU8,
     pub(crate) hook: Option<Arc<dyn KillHook>>,
     pub(crate) writes: AtomicU64,
     pub(crate) tasks: TaskTracker,
@@ -87,12 +95,15 @@ impl<E> Inner<E> {
     }
 
     pub(crate) fn is_halted(&self) -> bool {
-        matches!(*self.mode.borrow(), Mode::Halted(_))
+        self.mode_flag.load(Ordering::Acquire) == HALTED
     }
 
-    /// Why the executor halted, if it did. Clones only then: it is checked around every
-    /// store write.
+    /// Why the executor halted, if it did. Reads the watch only then: it is checked
+    /// around every store write.
     fn halt_reason(&self) -> Option<ExecutorError> {
+        if !self.is_halted() {
+            return None;
+        }
         match &*self.mode.borrow() {
             Mode::Halted(reason) => Some(reason.clone()),
             _ => None,
@@ -100,7 +111,7 @@ impl<E> Inner<E> {
     }
 
     pub(crate) fn is_running(&self) -> bool {
-        matches!(*self.mode.borrow(), Mode::Running)
+        self.mode_flag.load(Ordering::Acquire) == RUNNING
     }
 
     /// Stops everything at once (a kill, or a store failure); the first reason wins.
@@ -111,8 +122,21 @@ impl<E> Inner<E> {
             }
             tracing::warn!(%reason, "executor halted");
             *mode = Mode::Halted(reason);
+            self.mode_flag.store(HALTED, Ordering::Release);
             true
         });
+    }
+
+    /// Stops taking new work; returns whether the executor was running.
+    pub(crate) fn begin_shutdown(&self) -> bool {
+        self.mode.send_if_modified(|mode| {
+            let running = matches!(mode, Mode::Running);
+            if running {
+                *mode = Mode::ShuttingDown;
+                self.mode_flag.store(SHUTTING_DOWN, Ordering::Release);
+            }
+            running
+        })
     }
 
     /// Hands out `n` fresh ids; when they run past the reservation in the store, returns

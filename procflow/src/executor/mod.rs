@@ -415,13 +415,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
     ///
     /// Cancel safe: the shutdown goes on; calling it again waits for it.
     pub async fn shutdown(&self) -> Result<(), ExecutorError> {
-        self.inner.mode.send_if_modified(|mode| {
-            let running = matches!(mode, Mode::Running);
-            if running {
-                *mode = Mode::ShuttingDown;
-            }
-            running
-        });
+        self.inner.begin_shutdown();
         self.inner.tasks.close();
         self.inner.tasks.wait().await;
         if let Mode::Halted(reason) = self.inner.mode() {
