@@ -51,12 +51,12 @@ pub fn run(quick: bool, runtime: &Runtime, base: &Path) -> f64 {
 
     // Cold first: the generation left the files in the page cache.
     let cold = if drop_page_cache() {
-        Some(measure(runtime, &dir, &files, true))
+        Some(measure(runtime, &dir, &files, n, true))
     } else {
         println!("(6) cannot drop the page cache (not root?): the restart is measured warm only");
         None
     };
-    let warm = measure(runtime, &dir, &files, false);
+    let warm = measure(runtime, &dir, &files, n, false);
     print_table(n, generated, files.len(), bytes, cold.as_ref(), &warm);
     std::fs::remove_dir_all(&dir).expect("remove the restart log");
     cold.as_ref().unwrap_or(&warm).ratio()
@@ -64,12 +64,12 @@ pub fn run(quick: bool, runtime: &Runtime, base: &Path) -> f64 {
 
 /// Reads the files, then loads the store; when `cold`, both start with an empty page
 /// cache.
-fn measure(runtime: &Runtime, dir: &Path, files: &[PathBuf], cold: bool) -> Pass {
+fn measure(runtime: &Runtime, dir: &Path, files: &[PathBuf], n: u64, cold: bool) -> Pass {
     let cool = || assert!(!cold || drop_page_cache(), "the page cache can be dropped");
     cool();
     let read = read_all(files);
     cool();
-    let (open, ready, live) = load(runtime, dir);
+    let (open, ready, live) = load(runtime, dir, n);
     Pass {
         read,
         open,
@@ -100,16 +100,18 @@ fn generate(runtime: &Runtime, dir: &Path, n: u64) {
 }
 
 /// Opens the store as a restarting process would (default, durable configuration) and
-/// starts an executor on it. Returns the time to open the store, the time until the
-/// executor is ready (from the same start), and how many procedures it resumed.
-fn load(runtime: &Runtime, dir: &Path) -> (Duration, Duration, usize) {
+/// starts an executor on it, configured as the one that wrote the `n` procedures (so
+/// every parked one gets its running slot back). Returns the time to open the store, the
+/// time until the executor is ready (from the same start), and how many procedures it
+/// resumed.
+fn load(runtime: &Runtime, dir: &Path, n: u64) -> (Duration, Duration, usize) {
     runtime.block_on(async {
         let start = Instant::now();
         let store = Arc::new(WalStore::open(dir, WalConfig::default()).expect("reopen"));
         let open = start.elapsed();
         let executor = Executor::builder(store, ())
             .register::<FiveUpdates>()
-            .config(parked::config(0))
+            .config(parked::config(n))
             .start()
             .await
             .expect("restart the executor");
