@@ -88,7 +88,8 @@ pub fn run(quick: bool, runtime: &Runtime, base: &Path) {
 }
 
 /// Samples the store's counters until `stop` is set; returns the largest disk use seen
-/// and the sample closest to (or furthest over) the bound.
+/// and the sample with the largest disk use minus bound (the closest to the bound, or
+/// the furthest over it).
 async fn sample(store: Arc<WalStore>, stop: Arc<AtomicBool>) -> (Sample, Sample) {
     let (mut peak, mut worst) = (Sample::default(), Sample::default());
     let margin = |s: &Sample| s.disk as i128 - bound(s.live) as i128;
@@ -151,7 +152,7 @@ fn print_table(idle: u64, churned: u64, segments: usize, end: Sample, peak: Samp
         met(&peak)
     );
     println!(
-        "| closest to the bound during the churn | {} | {} | {} | {} |",
+        "| worst sample during the churn (largest disk − bound) | {} | {} | {} | {} |",
         worst.disk,
         worst.live,
         bound(worst.live),
