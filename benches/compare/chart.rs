@@ -40,6 +40,7 @@ const PROCFLOW: RGBColor = RGBColor(0x1f, 0x6f, 0xb4);
 const REDB: RGBColor = RGBColor(0xc0, 0x39, 0x2b);
 const RAW: RGBColor = RGBColor(0x55, 0x55, 0x55);
 
+/// Draws the three series on log-log axes, with a legend, into an SVG at `path`.
 fn draw(path: &Path, mode: &str, figures: &Throughput) -> Result<(), Box<dyn std::error::Error>> {
     let root = SVGBackend::new(path, (880, 540)).into_drawing_area();
     root.fill(&WHITE)?;

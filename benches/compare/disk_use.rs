@@ -46,6 +46,8 @@ impl Sample {
     }
 }
 
+/// The most disk the log may use for `live` bytes of live data: twice the live data
+/// (compaction's ratio) plus the active segment.
 fn bound(live: u64) -> u64 {
     2 * live + SEGMENT_SIZE
 }
@@ -120,6 +122,7 @@ fn disk_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
+/// Prints the end state and two samples taken during the churn against the bound.
 fn print_table(idle: u64, churned: u64, segments: usize, end: Sample, peak: Sample, worst: Sample) {
     let met = |sample: &Sample| {
         if sample.within_bound() {

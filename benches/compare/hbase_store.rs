@@ -93,6 +93,7 @@ async fn write(store: Arc<WalStore>, target: u64, budget: Duration) -> Figures {
     }
 }
 
+/// Prints the run's one-row table (and whether the budget cut it short).
 fn print_table(f: &Figures) {
     let secs = f.elapsed.as_secs_f64();
     println!();

@@ -16,6 +16,7 @@ pub const STATE_BYTES: usize = 1024;
 /// The prefix of the events parked procedures wait for; nothing ever wakes them.
 const NEVER: &str = "bench-never";
 
+/// Five updates in a row, then `Done` (or parked in `Five`).
 #[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
 #[state_machine(procedure = Kilobyte, name = "bench_five_updates")]
 pub enum FiveUpdates {
@@ -42,6 +43,7 @@ pub struct Kilobyte {
 }
 
 impl Kilobyte {
+    /// State made from `seed`; `park` decides the procedure's end.
     pub fn new(seed: u64, park: bool) -> Self {
         Self {
             data: seed.to_le_bytes().repeat(STATE_BYTES / 8),

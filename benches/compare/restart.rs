@@ -160,6 +160,7 @@ fn drop_page_cache() -> bool {
     synced && std::fs::write("/proc/sys/vm/drop_caches", "3").is_ok()
 }
 
+/// Prints the log's size and one row per pass.
 fn print_table(
     n: u64,
     generated: Duration,
