@@ -60,6 +60,7 @@ pub fn run(quick: bool, runtime: &Runtime, base: &Path) {
     let config = WalConfig {
         segment_size: SEGMENT_SIZE,
         sync: SyncMode::Durable,
+        ..WalConfig::default()
     };
     let store = Arc::new(WalStore::open(&dir, config).expect("open WAL"));
     let (peak, worst, end, segments) = runtime.block_on(async {

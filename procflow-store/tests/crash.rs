@@ -17,6 +17,7 @@ fn config() -> WalConfig {
     WalConfig {
         segment_size: 1024,
         sync: SyncMode::Durable,
+        ..WalConfig::default()
     }
 }
 

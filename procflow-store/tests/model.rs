@@ -46,7 +46,7 @@ proptest! {
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         rt.block_on(async {
             let env = Env::sim();
-            let config = WalConfig { segment_size, sync: SyncMode::Durable };
+            let config = WalConfig { segment_size, sync: SyncMode::Durable, ..WalConfig::default() };
             let model = MemStore::new();
             let mut wal = env.open(config.clone()).unwrap();
             for step in steps {

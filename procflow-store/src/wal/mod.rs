@@ -15,7 +15,7 @@ mod segment;
 mod writer;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -107,6 +107,8 @@ struct Inner {
     config: WalConfig,
     log: Mutex<Log>,
     queue: Queue,
+    /// Commits and closes waiting for the committer.
+    in_flight: AtomicUsize,
     poisoned: AtomicBool,
     commits: AtomicU64,
     group_syncs: AtomicU64,
@@ -176,6 +178,7 @@ impl WalStore {
                 lock: Some(lock),
             }),
             queue: Queue::default(),
+            in_flight: AtomicUsize::new(0),
             poisoned: AtomicBool::new(false),
             commits: AtomicU64::new(0),
             group_syncs: AtomicU64::new(0),
@@ -237,6 +240,7 @@ impl Inner {
         closed: Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
+        let in_flight = InFlight::enter(&self.in_flight);
         if self.queue.push(request(reply)).is_err() {
             return if self.is_poisoned() {
                 Err(StoreError::Poisoned)
@@ -244,9 +248,55 @@ impl Inner {
                 closed
             };
         }
+        let answer = if in_flight.alone {
+            spin_wait(answer, self.config.spin_wait).await
+        } else {
+            answer.await
+        };
         // A dropped reply means the committer thread died: nothing it had is durable.
-        answer.await.unwrap_or(Err(StoreError::Poisoned))
+        answer.unwrap_or(Err(StoreError::Poisoned))
     }
+}
+
+/// Counts a request in flight while it lives (also when its future is dropped).
+struct InFlight<'a> {
+    count: &'a AtomicUsize,
+    /// No other request was in flight when this one started.
+    alone: bool,
+}
+
+impl<'a> InFlight<'a> {
+    fn enter(count: &'a AtomicUsize) -> Self {
+        let alone = count.fetch_add(1, Ordering::AcqRel) == 0;
+        InFlight { count, alone }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Polls `answer` for up to `limit`, yielding between polls, then waits for it asleep.
+///
+/// Why: one procedure at a time spends its life waiting for fsyncs. Sleeping through
+/// each one means the committer thread must wake a parked worker thread when it ends,
+/// which measured 20 % of a single procedure's throughput (docs/BENCHMARKS.md).
+async fn spin_wait<T>(
+    mut answer: tokio::sync::oneshot::Receiver<T>,
+    limit: std::time::Duration,
+) -> Result<T, tokio::sync::oneshot::error::RecvError> {
+    use tokio::sync::oneshot::error::TryRecvError;
+    let until = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < until {
+        match answer.try_recv() {
+            Ok(value) => return Ok(value),
+            Err(TryRecvError::Empty) => tokio::task::yield_now().await,
+            Err(TryRecvError::Closed) => break,
+        }
+    }
+    answer.await
 }
 
 impl Drop for WalStore {

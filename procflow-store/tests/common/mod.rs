@@ -115,6 +115,7 @@ pub fn small_segments(env: &Env, segment_size: u64) -> WalConfig {
         } else {
             procflow_store::SyncMode::NoSync
         },
+        ..WalConfig::default()
     }
 }
 
