@@ -9,7 +9,7 @@ use super::status::{ProcedureInfo, Unloadable};
 use crate::ProcedureId;
 use crate::locks::LockTable;
 use procflow_store::{Batch, Op, Store, StoreError};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{Notify, Semaphore, watch};
@@ -64,7 +64,9 @@ pub(crate) struct Table {
     pub(crate) procs: HashMap<u64, Entry>,
     pub(crate) nonces: HashMap<String, u64>,
     /// Event name → procedures suspended on it.
-    pub(crate) events: HashMap<String, Vec<u64>>,
+    /// A set, not a list: with many procedures on one event, joining and leaving must not
+    /// scan the others (that made a restart of 500,000 suspended procedures quadratic).
+    pub(crate) events: HashMap<String, BTreeSet<u64>>,
     pub(crate) unloadable: Vec<Unloadable>,
     /// The next id to hand out, and the first one not covered by the store's reservation.
     pub(crate) next_id: u64,

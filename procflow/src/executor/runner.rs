@@ -10,6 +10,7 @@ use crate::locks::{Hold, Locks};
 use crate::{Child, Context, Error, Phase, ProcedureId};
 use futures_util::FutureExt;
 use procflow_store::Batch;
+use std::collections::BTreeSet;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -668,9 +669,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             () = timer => true,
             () = self.inner.stopping() => false,
         };
-        if let Some(waiting) = self.inner.table().events.get_mut(&name) {
-            waiting.retain(|id| *id != self.id);
-        }
+        self.stop_listening(&name);
         if !woken {
             return Err(Exit);
         }
@@ -680,12 +679,26 @@ impl<E: Send + Sync + 'static> Runner<E> {
         self.persist(WriteKind::Suspend).await
     }
 
+    fn stop_listening(&self, event: &str) {
+        let mut table = self.inner.table();
+        if let Some(waiting) = table.events.get_mut(event) {
+            waiting.remove(&self.id);
+            if waiting.is_empty() {
+                table.events.remove(event);
+            }
+        }
+    }
+
     /// Registers the procedure as waiting for `event` (once).
     fn listen(&self, event: &str) {
         let mut table = self.inner.table();
-        let waiting = table.events.entry(event.to_owned()).or_default();
-        if !waiting.contains(&self.id) {
-            waiting.push(self.id);
+        match table.events.get_mut(event) {
+            Some(waiting) => drop(waiting.insert(self.id)),
+            None => drop(
+                table
+                    .events
+                    .insert(event.to_owned(), BTreeSet::from([self.id])),
+            ),
         }
     }
 
