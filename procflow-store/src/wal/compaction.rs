@@ -84,6 +84,12 @@ impl LiveIndex {
 /// Compacts closed segments, oldest first, while they hold more than
 /// [`COMPACTION_RATIO`] times the live bytes. Returns how many segments were removed.
 ///
+/// The closed segments are counted afresh before each one: rewriting live changes forward
+/// can fill the active segment and close it, and those bytes count too (counting only the
+/// segments closed at the start left disk use above the bound until the next commit).
+/// Segments closed by this pass hold only rewritten live changes and are not compacted
+/// again, which also bounds the pass.
+///
 /// # Errors
 ///
 /// I/O errors from the writer; the caller must poison the store.
@@ -92,35 +98,49 @@ pub(crate) fn compact(
     index: &mut LiveIndex,
     writer: &mut Writer,
 ) -> Result<usize, StoreError> {
-    let segments = writer.segments();
-    let closed = segments[..segments.len() - 1].to_vec();
-    let mut closed_bytes: u64 = closed.iter().map(|s| s.len).sum();
+    let active_at_start = writer.active_number();
     let mut removed = 0;
-    for segment in closed {
-        if closed_bytes <= COMPACTION_RATIO * index.live_bytes() {
+    loop {
+        let segments = writer.segments();
+        let closed = &segments[..segments.len() - 1];
+        let closed_bytes: u64 = closed.iter().map(|s| s.len).sum();
+        let Some(oldest) = closed.first().map(|s| s.number) else {
+            break;
+        };
+        if oldest > active_at_start || closed_bytes <= COMPACTION_RATIO * index.live_bytes() {
             break;
         }
-        let changes: Vec<Change> = index
-            .keys_in(segment.number)
-            .iter()
-            .filter_map(|key| state.current(key))
-            .collect();
-        let bytes = record::encode(
-            KIND_COMPACTION,
-            writer.next_seq(),
-            state.highest_token,
-            &changes,
-        )?;
-        let landed = writer.write(&bytes)?;
-        for change in &changes {
-            index.note(landed, change);
-        }
-        writer.sync_active()?;
-        writer.remove_segment(segment.number)?;
-        closed_bytes -= segment.len;
+        rewrite_forward(state, index, writer, oldest)?;
         removed += 1;
     }
     Ok(removed)
+}
+
+/// Rewrites the latest changes still in `segment` as one record at the end of the log,
+/// makes that durable, and deletes the segment.
+fn rewrite_forward(
+    state: &State,
+    index: &mut LiveIndex,
+    writer: &mut Writer,
+    segment: u64,
+) -> Result<(), StoreError> {
+    let changes: Vec<Change> = index
+        .keys_in(segment)
+        .iter()
+        .filter_map(|key| state.current(key))
+        .collect();
+    let bytes = record::encode(
+        KIND_COMPACTION,
+        writer.next_seq(),
+        state.highest_token,
+        &changes,
+    )?;
+    let landed = writer.write(&bytes)?;
+    for change in &changes {
+        index.note(landed, change);
+    }
+    writer.sync_active()?;
+    writer.remove_segment(segment)
 }
 
 #[cfg(test)]

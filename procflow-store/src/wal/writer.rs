@@ -70,6 +70,11 @@ impl Writer {
         &self.segments
     }
 
+    /// The number of the active segment.
+    pub(crate) fn active_number(&self) -> u64 {
+        self.active_info().number
+    }
+
     fn active_info(&self) -> SegmentInfo {
         self.segments[self.segments.len() - 1]
     }
