@@ -126,17 +126,20 @@ async fn compaction_keeps_disk_use_near(segment: u64, idle: u64) {
             store.commit(batch).await.unwrap();
             let stats = store.stats();
             let loaded = store.load().await.unwrap();
+            // Live data: the live values and metadata, plus the 48 bytes per entry that
+            // its framing on disk takes (what `WalStats::live_bytes` counts).
             let live: u64 = loaded
                 .records
                 .iter()
-                .map(|r| r.value.len() as u64)
+                .map(|r| r.value.len() as u64 + 48)
                 .chain(
                     loaded
                         .meta
                         .iter()
-                        .map(|(k, v)| (k.len() + v.len()) as u64 + 64),
+                        .map(|(k, v)| (k.len() + v.len()) as u64 + 48),
                 )
                 .sum();
+            assert_eq!(stats.live_bytes, live, "{}: round {round}", env.name);
             assert!(
                 stats.disk_bytes <= 2 * live + segment,
                 "{}: round {round}: {} disk bytes for {live} live bytes ({stats:?})",
@@ -149,7 +152,11 @@ async fn compaction_keeps_disk_use_near(segment: u64, idle: u64) {
         let reopened = env.open(small_segments(&env, segment)).unwrap();
         assert_eq!(reopened.load().await.unwrap(), expected, "{}", env.name);
         let stats = reopened.stats();
-        assert!(stats.segments <= 4, "{}: {stats:?}", env.name);
+        assert!(
+            stats.disk_bytes <= 2 * stats.live_bytes + segment,
+            "{}: {stats:?}",
+            env.name
+        );
         assert_eq!(env.segments().len(), stats.segments);
     }
 }
