@@ -18,12 +18,19 @@ pub(crate) enum Change {
         id: ProcId,
         parent: Option<ProcId>,
         finished: bool,
+        // `serde_bytes`: one copy when replaying the log instead of a visit per byte
+        // (the same bytes on disk: postcard writes both as a length and the bytes).
+        #[serde(with = "serde_bytes")]
         value: Vec<u8>,
     },
     /// Remove a record.
     Delete { id: ProcId },
     /// Insert or replace a metadata entry.
-    PutMeta { key: String, value: Vec<u8> },
+    PutMeta {
+        key: String,
+        #[serde(with = "serde_bytes")]
+        value: Vec<u8>,
+    },
     /// Remove a metadata entry.
     DeleteMeta { key: String },
 }
