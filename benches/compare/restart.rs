@@ -62,6 +62,20 @@ pub fn run(quick: bool, runtime: &Runtime, base: &Path) -> f64 {
     cold.as_ref().unwrap_or(&warm).ratio()
 }
 
+/// `--cell restart:N`: builds the log of `n` procedures once, then restarts on it five
+/// times with a warm page cache, printing each time (for a profiler).
+pub fn profile(runtime: &Runtime, dir: &Path, n: u64) {
+    generate(runtime, dir, n);
+    for _ in 0..5 {
+        let (open, ready, live) = load(runtime, dir, n);
+        println!(
+            "restart:{n}: open {:.3} s, ready {:.3} s, {live} live",
+            open.as_secs_f64(),
+            ready.as_secs_f64()
+        );
+    }
+}
+
 /// Reads the files, then loads the store; when `cold`, both start with an empty page
 /// cache.
 fn measure(runtime: &Runtime, dir: &Path, files: &[PathBuf], n: u64, cold: bool) -> Pass {
