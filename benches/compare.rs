@@ -232,7 +232,7 @@ fn record_size(runtime: &Runtime, base: &Path) -> usize {
     let sizes = raw::wal_record_sizes(&dir);
     let mean = sizes.iter().sum::<usize>() / sizes.len();
     println!(
-        "one procedure = {} WAL records (submit, {STEPS} steps, finish) of {:?} B; the raw loop writes {mean} B",
+        "one procedure = {} WAL records (the submit, each step, the last one with the finish) of {:?} B; the raw loop writes {mean} B",
         sizes.len(),
         sizes
     );
