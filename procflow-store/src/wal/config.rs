@@ -37,8 +37,8 @@ pub struct WalConfig {
     /// How long a commit that is the only one in flight polls for its answer (yielding
     /// to other tasks in between) before it sleeps. Waking a sleeping Tokio worker
     /// thread takes tens of microseconds, a good part of an `fdatasync`; polling keeps
-    /// one worker busy instead, only while a single commit is in flight. Zero: always
-    /// sleep. Default: 500 µs.
+    /// one worker busy instead, only while a single commit is in flight, and never where
+    /// the process may use only one CPU. Zero: always sleep. Default: 500 µs.
     pub spin_wait: Duration,
 }
 

@@ -109,6 +109,8 @@ struct Inner {
     queue: Queue,
     /// Commits and closes waiting for the committer.
     in_flight: AtomicUsize,
+    /// Whether a commit alone in flight polls for its answer ([`WalConfig::spin_wait`]).
+    spin: bool,
     poisoned: AtomicBool,
     commits: AtomicU64,
     group_syncs: AtomicU64,
@@ -167,6 +169,7 @@ impl WalStore {
             recovered.active,
             recovered.next_seq,
         );
+        let spin = committer::spinning_helps();
         let inner = Arc::new(Inner {
             dir: dir.to_path_buf(),
             config,
@@ -177,8 +180,9 @@ impl WalStore {
                 closed: false,
                 lock: Some(lock),
             }),
-            queue: Queue::default(),
+            queue: Queue::new(spin),
             in_flight: AtomicUsize::new(0),
+            spin,
             poisoned: AtomicBool::new(false),
             commits: AtomicU64::new(0),
             group_syncs: AtomicU64::new(0),
@@ -248,7 +252,7 @@ impl Inner {
                 closed
             };
         }
-        let answer = if in_flight.alone {
+        let answer = if in_flight.alone && self.spin {
             spin_wait(answer, self.config.spin_wait).await
         } else {
             answer.await
