@@ -66,6 +66,8 @@ pub fn run(quick: bool, runtime: &Runtime, base: &Path) -> f64 {
 /// times with a warm page cache, printing each time (for a profiler).
 pub fn profile(runtime: &Runtime, dir: &Path, n: u64) {
     generate(runtime, dir, n);
+    // The log was written without fsync: write it back now, not during the restarts.
+    let _ = std::process::Command::new("sync").status();
     for _ in 0..5 {
         let (open, ready, live) = load(runtime, dir, n);
         println!(

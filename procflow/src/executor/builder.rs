@@ -164,17 +164,17 @@ fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, records: &[Record], a
             continue;
         };
         // Every entry goes in before any task starts: a parent must find its children.
-        runner::insert_entry(inner, &launch);
+        let wake = runner::insert_entry(inner, &launch);
         if aborted.contains(&record.id) {
             if let Some(entry) = inner.table().procs.get_mut(&record.id) {
                 entry.abort = true;
             }
         }
         if !record.finished {
-            live.push(launch);
+            live.push((launch, wake));
         }
     }
-    let roots = live.iter().filter(|l| l.parent.is_none()).count();
+    let roots = live.iter().filter(|(l, _)| l.parent.is_none()).count();
     inner
         .live_roots
         .store(roots, std::sync::atomic::Ordering::Release);
@@ -183,8 +183,8 @@ fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, records: &[Record], a
         total = records.len(),
         "executor resuming procedures"
     );
-    for launch in live {
-        runner::launch(inner, launch);
+    for (launch, wake) in live {
+        runner::start(inner, launch, wake);
     }
 }
 

@@ -204,10 +204,18 @@ impl<E> Inner<E> {
         self.halt_reason().map_or(Ok(()), Err)
     }
 
-    /// Publishes a procedure's new snapshot to its subscribers.
+    /// Publishes a procedure's new snapshot to its subscribers, if it changed: nothing is
+    /// woken for a snapshot they have already seen (a resumed procedure republishes the
+    /// one its entry was created with).
     pub(crate) fn publish(&self, info: ProcedureInfo) {
         if let Some(entry) = self.table().procs.get(&info.id.get()) {
-            entry.info.send_replace(info);
+            entry.info.send_if_modified(|current| {
+                let changed = *current != info;
+                if changed {
+                    *current = info;
+                }
+                changed
+            });
         }
     }
 

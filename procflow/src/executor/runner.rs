@@ -35,6 +35,15 @@ pub(crate) struct Launch<E> {
 /// Adds the procedure to the table (if it is not there yet) and starts its task.
 pub(crate) fn launch<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, launch: Launch<E>) {
     let wake = insert_entry(inner, &launch);
+    start(inner, launch, wake);
+}
+
+/// Spawns the task of a procedure whose table entry exists (`wake` is its signal).
+pub(crate) fn start<E: Send + Sync + 'static>(
+    inner: &Arc<Inner<E>>,
+    launch: Launch<E>,
+    wake: Arc<Notify>,
+) {
     let span = tracing::info_span!(
         "procedure",
         id = launch.id,
