@@ -245,12 +245,12 @@ fn sync(inner: &Inner, wrote: bool) -> Result<(), StoreError> {
     if !wrote || !inner.durable() {
         return Ok(());
     }
-    let (file, path) = {
-        let log = inner.lock_log();
-        (log.writer.active(), log.writer.active_path())
-    };
-    file.sync_data()
-        .map_err(|e| inner.poison(StoreError::io("syncing a segment", path, e)))?;
+    let file = inner.lock_log().writer.active();
+    file.sync_data().map_err(|e| {
+        // Only this thread rolls segments: the active one is still the one synced.
+        let path = inner.lock_log().writer.active_path();
+        inner.poison(StoreError::io("syncing a segment", path, e))
+    })?;
     inner.group_syncs.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
