@@ -85,9 +85,10 @@ impl FiveUpdatesHandlers for Kilobyte {
 
     /// The fifth update: a parked procedure persists it with its suspension, an ending
     /// one with its move to `Done`. Each procedure waits for an event of its own, as one
-    /// waiting for its own region or table would: the executor keeps the waiters of an
-    /// event in a list it scans on every suspend and every exit, so half a million
-    /// procedures on one event cost time quadratic in their number.
+    /// waiting for its own region or table would. (The executor used to keep an event's
+    /// waiters in a list scanned on every suspend and exit, which made half a million
+    /// procedures on one event quadratic; they are a set now, but the bench keeps the
+    /// realistic shape.)
     async fn five(&mut self, ctx: &Context<()>) -> Step<five_updates::Five> {
         self.update(5);
         if self.park {
