@@ -34,11 +34,12 @@ pub struct WalConfig {
     pub segment_size: u64,
     /// When a commit counts as durable. Default: [`SyncMode::Durable`].
     pub sync: SyncMode,
-    /// How long a commit that is the only one in flight polls for its answer (yielding
-    /// to other tasks in between) before it sleeps. Waking a sleeping Tokio worker
-    /// thread takes tens of microseconds, a good part of an `fdatasync`; polling keeps
-    /// one worker busy instead, only while a single commit is in flight, and never where
-    /// the process may use only one CPU. Zero: always sleep. Default: 500 µs.
+    /// How long a commit that is the only one in flight polls for its answer before it
+    /// sleeps. Waking a sleeping Tokio worker thread takes tens of microseconds, a good
+    /// part of an `fdatasync`; polling keeps one worker busy instead, only while a single
+    /// commit is in flight, and never where the process may use only one CPU. It polls
+    /// in bursts of up to 200 µs that hold its worker thread, yielding to other tasks
+    /// between bursts. Zero: always sleep. Default: 500 µs.
     pub spin_wait: Duration,
 }
 

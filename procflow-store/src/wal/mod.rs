@@ -282,23 +282,42 @@ impl Drop for InFlight<'_> {
     }
 }
 
-/// Polls `answer` for up to `limit`, yielding between polls, then waits for it asleep.
+/// How long [`spin_wait`] polls without yielding: about one `fdatasync` and a half on
+/// the disk of docs/BENCHMARKS.md (140 µs), so most answers come within one burst.
+const SPIN_BURST: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// Polls `answer` for up to `limit`, in bursts of [`SPIN_BURST`] with a yield between
+/// them, then waits for it asleep.
 ///
 /// Why: one procedure at a time spends its life waiting for fsyncs. Sleeping through
 /// each one means the committer thread must wake a parked worker thread when it ends,
-/// which measured 20 % of a single procedure's throughput (docs/BENCHMARKS.md).
+/// which measured 20 % of a single procedure's throughput (docs/BENCHMARKS.md). Why in
+/// bursts: the first version yielded between every two polls, and each yield made Tokio
+/// wake its other worker thread to look for work (`perf trace`: 33,000 futex calls for
+/// 2,485 commits), which took the CPU the committer thread needed. A burst blocks this
+/// worker for at most 200 µs, and only while this commit is the only one in flight.
 async fn spin_wait<T>(
     mut answer: tokio::sync::oneshot::Receiver<T>,
     limit: std::time::Duration,
 ) -> Result<T, tokio::sync::oneshot::error::RecvError> {
+    use std::time::Instant;
     use tokio::sync::oneshot::error::TryRecvError;
-    let until = std::time::Instant::now() + limit;
-    while std::time::Instant::now() < until {
-        match answer.try_recv() {
-            Ok(value) => return Ok(value),
-            Err(TryRecvError::Empty) => tokio::task::yield_now().await,
-            Err(TryRecvError::Closed) => break,
+    let until = Instant::now() + limit;
+    loop {
+        let now = Instant::now();
+        if now >= until {
+            break;
         }
+        let burst_end = until.min(now + SPIN_BURST);
+        loop {
+            match answer.try_recv() {
+                Ok(value) => return Ok(value),
+                Err(TryRecvError::Closed) => return answer.await,
+                Err(TryRecvError::Empty) if Instant::now() < burst_end => std::hint::spin_loop(),
+                Err(TryRecvError::Empty) => break,
+            }
+        }
+        tokio::task::yield_now().await;
     }
     answer.await
 }
