@@ -20,7 +20,8 @@
 //! For profiling, `-- --cell store:256` (or `wal:256`, `mem:256`) runs one cell alone for
 //! the cell's time and prints its rate: `WalStore::commit` alone, the executor on the
 //! durable WAL, or the executor on `MemStore`. `-- --cell restart:N` builds workload 6's
-//! log of N procedures, then restarts on it five times (page cache warm).
+//! log of N procedures, then restarts on it five times (page cache warm). `-- --cell
+//! single:R` runs workload 1 alone, interleaved in R rounds over the cell's time.
 
 // The crate root is benches/compare.rs: its modules live in benches/compare/.
 #[path = "compare/chart.rs"]
@@ -41,6 +42,8 @@ mod parked;
 mod raw;
 #[path = "compare/restart.rs"]
 mod restart;
+#[path = "compare/single.rs"]
+mod single;
 
 use drive::{Rate, closed_loop, executor_closed_loop, store_commit_loop};
 use machine::{Payload, STATE_BYTES, STEPS, TenSteps, drive as drive_by_hand};
@@ -130,7 +133,8 @@ fn main() {
     println!(
         "raw write+fdatasync of {record} B: {raw_before:.0}/s before the WAL cells, {raw_after:.0}/s after; mean {raw:.0}/s"
     );
-    single_procedure(raw, pool, record, &wal[0], &mut summary);
+    let interleaved = single::run(&runtime, base.path(), record, plan.cell / 10, 10);
+    single_procedure(&interleaved, raw, pool, record, &wal[0], &mut summary);
     concurrency_sweep(raw, &wal, &mut summary);
     let redb = versus_redb(&plan, &runtime, base.path(), &wal, &mut summary);
     executor_overhead(&plan, &runtime, &mut summary);
@@ -181,7 +185,20 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             rate.steps_per_sec()
         }),
         "restart" => return restart::profile(runtime, &dir, clients),
-        other => panic!("unknown cell kind {other}: store, wal, mem or restart"),
+        "single" => {
+            let rounds = u32::try_from(clients).expect("rounds").max(1);
+            let record = record_size(runtime, base);
+            let run = single::run(runtime, base, record, plan.cell / rounds, rounds);
+            let rounds: Vec<_> = run.rounds.iter().map(|r| format!("{r:.2}")).collect();
+            println!(
+                "single:{}: single_vs_raw={:.2} (rounds {})",
+                rounds.len(),
+                run.ratio(),
+                rounds.join(" ")
+            );
+            return;
+        }
+        other => panic!("unknown cell kind {other}: store, wal, mem, single or restart"),
     };
     println!("{cell}: {rate:.0}/s");
 }
@@ -289,17 +306,65 @@ fn wal_sweep(plan: &Plan, runtime: &Runtime, base: &Path, record: usize) -> Vec<
         .collect()
 }
 
-/// Workload 1: one procedure at a time on the durable WAL vs one fdatasync per step.
-fn single_procedure(raw: f64, pool: f64, record: usize, single: &WalCell, summary: &mut Summary) {
+/// Workload 1: one procedure at a time on the durable WAL vs one fdatasync per step,
+/// from the interleaved measurement (`compare/single.rs`); the sweep's separate cells
+/// are shown too.
+fn single_procedure(
+    interleaved: &single::Interleaved,
+    raw: f64,
+    pool: f64,
+    record: usize,
+    single: &WalCell,
+    summary: &mut Summary,
+) {
     assert_eq!(single.clients, 1);
-    let steps = single.rate.steps_per_sec();
-    let ratio = steps / raw;
+    let ratio = interleaved.ratio();
+    let (slices, slice) = (
+        interleaved.rounds.len(),
+        interleaved.raw.1 / interleaved.rounds.len() as u32,
+    );
     println!();
     println!("## (1) single procedure: durable WalStore vs raw write+fdatasync ({record} B)");
     println!();
+    println!(
+        "Interleaved: {slices} rounds of {} ms of the raw loop then {} ms of procflow, summed.",
+        slice.as_millis(),
+        slice.as_millis(),
+    );
+    println!();
     println!("| what | steps/s | durable writes/s | writes/fsync | ratio |");
     println!("| --- | ---: | ---: | ---: | ---: |");
-    println!("| raw write+fdatasync loop (mean) | {raw:.0} | {raw:.0} | 1.0 | 1.00 |");
+    let raw_now = interleaved.raw_per_sec();
+    println!(
+        "| raw write+fdatasync loop, interleaved | {raw_now:.0} | {raw_now:.0} | 1.0 | 1.00 |"
+    );
+    let steps = interleaved.procflow.steps_per_sec();
+    let elapsed = interleaved.procflow.elapsed.as_secs_f64();
+    println!(
+        "| procflow executor, WalStore durable, interleaved | {steps:.0} | {:.0} | {:.1} | {ratio:.2} |",
+        interleaved.commits as f64 / elapsed,
+        interleaved.commits as f64 / interleaved.syncs.max(1) as f64,
+    );
+    let spread = |pick: fn(f64, f64) -> f64| {
+        interleaved
+            .rounds
+            .iter()
+            .copied()
+            .reduce(pick)
+            .unwrap_or(0.0)
+    };
+    println!();
+    println!(
+        "Per round the ratio ranged from {:.2} to {:.2}. Measured apart, in one-second cells:",
+        spread(f64::min),
+        spread(f64::max)
+    );
+    println!();
+    println!("| what | steps/s | durable writes/s | writes/fsync | ratio |");
+    println!("| --- | ---: | ---: | ---: | ---: |");
+    println!(
+        "| raw write+fdatasync loop (mean of before and after the sweep) | {raw:.0} | {raw:.0} | 1.0 | 1.00 |"
+    );
     println!(
         "| the same, each write on tokio's blocking pool | {pool:.0} | {pool:.0} | 1.0 | {:.2} |",
         pool / raw
@@ -309,14 +374,16 @@ fn single_procedure(raw: f64, pool: f64, record: usize, single: &WalCell, summar
         "| WalStore::commit alone, 1 writer | {alone:.0} | {alone:.0} | {per_sync:.1} | {:.2} |",
         alone / raw
     );
+    let cell_steps = single.rate.steps_per_sec();
     println!(
-        "| procflow executor, WalStore durable | {steps:.0} | {:.0} | {:.1} | {ratio:.2} |",
+        "| procflow executor, WalStore durable (the sweep's cell) | {cell_steps:.0} | {:.0} | {:.1} | {:.2} |",
         single.commits_per_sec(),
         single.commits_per_fsync(),
+        cell_steps / raw,
     );
     println!();
     // Measured, not assumed: the store's commits over the procedures that ran.
-    let writes = single.commits_per_sec() / (steps / STEPS as f64);
+    let writes = interleaved.commits as f64 / interleaved.procflow.procedures.max(1) as f64;
     println!(
         "A procedure made {writes:.1} durable writes for its {STEPS} steps (the submit, each step \
          before the last, and the last step together with the finish): one procedure at a time \

@@ -67,13 +67,25 @@ pub async fn executor_closed_loop(
     clients: u64,
     duration: Duration,
 ) -> (Rate, Executor<()>) {
-    let executor = Executor::builder(store, ())
+    let executor = start_executor(store).await;
+    let rate = run_procedures(&executor, clients, duration).await;
+    (rate, executor)
+}
+
+/// An executor on `store` that runs the ten-step machine.
+pub async fn start_executor(store: Arc<dyn Store>) -> Executor<()> {
+    Executor::builder(store, ())
         .register::<TenSteps>()
         .start()
         .await
-        .expect("start the executor");
+        .expect("start the executor")
+}
+
+/// `clients` closed-loop clients submitting the ten-step procedure to `executor` and
+/// waiting for it, for `duration`.
+pub async fn run_procedures(executor: &Executor<()>, clients: u64, duration: Duration) -> Rate {
     let handle = executor.clone();
-    let rate = closed_loop(clients, duration, move |client, n| {
+    closed_loop(clients, duration, move |client, n| {
         let executor = handle.clone();
         async move {
             let id = executor
@@ -85,8 +97,7 @@ pub async fn executor_closed_loop(
             STEPS
         }
     })
-    .await;
-    (rate, executor)
+    .await
 }
 
 /// `WalStore::commit` alone, without the executor: `writers` tasks each committing

@@ -1,32 +1,61 @@
 //! The disk's limit: one `write` and one `fdatasync` per step, and what a step costs on
 //! the WAL in bytes (so the raw loop writes records of the same size).
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// Appends `size`-byte records to a new file in `dir`, each followed by `fdatasync`, for
 /// `duration`; returns writes per second.
 pub fn write_fdatasync_loop(dir: &Path, size: usize, duration: Duration) -> f64 {
-    let path = dir.join(format!("raw-{size}.log"));
-    let mut file = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .expect("open the raw log");
-    let record = vec![0xA5; size];
-    let start = Instant::now();
-    let mut writes = 0u64;
-    while start.elapsed() < duration {
-        file.write_all(&record).expect("write");
-        file.sync_data().expect("fdatasync");
-        writes += 1;
+    let (writes, elapsed) = RawLog::create(dir, size).run(duration);
+    writes as f64 / elapsed.as_secs_f64()
+}
+
+/// A file the raw loop appends to, removed on drop; it can run in several slices (see
+/// `single.rs`), each continuing the same file as one long loop would.
+pub struct RawLog {
+    path: PathBuf,
+    file: File,
+    record: Vec<u8>,
+}
+
+impl RawLog {
+    /// A new, empty file in `dir` for `size`-byte records.
+    pub fn create(dir: &Path, size: usize) -> Self {
+        let path = dir.join(format!("raw-{size}.log"));
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(&path)
+            .expect("open the raw log");
+        RawLog {
+            path,
+            file,
+            record: vec![0xA5; size],
+        }
     }
-    let rate = writes as f64 / start.elapsed().as_secs_f64();
-    drop(file);
-    std::fs::remove_file(&path).expect("remove the raw log");
-    rate
+
+    /// Appends records, each followed by `fdatasync`, for `duration`; returns how many
+    /// and the time they took.
+    pub fn run(&mut self, duration: Duration) -> (u64, Duration) {
+        let start = Instant::now();
+        let mut writes = 0u64;
+        while start.elapsed() < duration {
+            self.file.write_all(&self.record).expect("write");
+            self.file.sync_data().expect("fdatasync");
+            writes += 1;
+        }
+        (writes, start.elapsed())
+    }
+}
+
+impl Drop for RawLog {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// The sizes of the records in a WAL directory, in log order (docs/FORMAT.md: a 32-byte
