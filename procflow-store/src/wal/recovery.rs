@@ -8,7 +8,7 @@
 //! acknowledged. The same damage followed by a valid record, or anywhere in a closed
 //! segment, means acknowledged data would be lost: that is [`StoreError::Corrupt`].
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use super::compaction::LiveIndex;
@@ -183,7 +183,7 @@ pub(crate) fn recover(
     let mut state = State::default();
     let mut index = LiveIndex::default();
     let mut segments = Vec::with_capacity(numbers.len());
-    let mut last_seq: Option<(u64, PathBuf)> = None;
+    let mut last_seq: Option<u64> = None;
     let Some(&last_number) = numbers.last() else {
         let active = segment::create(backend, dir, 1, sync)?;
         return Ok(Recovered {
@@ -204,8 +204,8 @@ pub(crate) fn recover(
             .map_err(io_err("reading a segment", &path))?;
         let scan = scan_segment(&path, number, &bytes, number == last_number)?;
         for record in scan.records {
-            if let Some((prev, _)) = &last_seq
-                && record.header.seq <= *prev
+            if let Some(prev) = last_seq
+                && record.header.seq <= prev
             {
                 return Err(StoreError::Corrupt {
                     file: path,
@@ -216,7 +216,7 @@ pub(crate) fn recover(
                     ),
                 });
             }
-            last_seq = Some((record.header.seq, path.clone()));
+            last_seq = Some(record.header.seq);
             state.observe_token(record.header.fencing_token);
             for change in record.changes {
                 index.note(number, &change);
@@ -248,7 +248,7 @@ pub(crate) fn recover(
         index,
         segments,
         active,
-        next_seq: last_seq.map_or(1, |(seq, _)| seq + 1),
+        next_seq: last_seq.map_or(1, |seq| seq + 1),
     })
 }
 
