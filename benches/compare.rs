@@ -19,9 +19,10 @@
 //!
 //! For profiling, `-- --cell store:256` (or `wal:256`, `mem:256`) runs one cell alone for
 //! the cell's time and prints its rate: `WalStore::commit` alone, the executor on the
-//! durable WAL, or the executor on `MemStore`. `-- --cell restart:N` builds workload 6's
-//! log of N procedures, then restarts on it five times (page cache warm). `-- --cell
-//! single:R` runs workload 1 alone, interleaved in R rounds over the cell's time.
+//! durable WAL, or the executor on `MemStore`; `raw:1` is the raw write+fdatasync loop
+//! with records of a step's size. `-- --cell single:R` runs workload 1 alone, interleaved
+//! in R rounds over the cell's time. `-- --cell restart:N` builds workload 6's log of N
+//! procedures, then restarts on it five times (page cache warm).
 
 // The crate root is benches/compare.rs: its modules live in benches/compare/.
 #[path = "compare/chart.rs"]
@@ -184,6 +185,10 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             executor.shutdown().await.expect("shutdown");
             rate.steps_per_sec()
         }),
+        "raw" => {
+            std::fs::create_dir_all(&dir).expect("create the cell directory");
+            raw::write_fdatasync_loop(&dir, record_size(runtime, base), plan.cell)
+        }
         "restart" => return restart::profile(runtime, &dir, clients),
         "single" => {
             let rounds = u32::try_from(clients).expect("rounds").max(1);
@@ -198,7 +203,7 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             );
             return;
         }
-        other => panic!("unknown cell kind {other}: store, wal, mem, single or restart"),
+        other => panic!("unknown cell kind {other}: store, wal, mem, raw, single or restart"),
     };
     println!("{cell}: {rate:.0}/s");
 }
