@@ -324,10 +324,7 @@ fn single_procedure(
 ) {
     assert_eq!(single.clients, 1);
     let ratio = interleaved.ratio();
-    let (slices, slice) = (
-        interleaved.rounds.len(),
-        interleaved.raw.1 / interleaved.rounds.len() as u32,
-    );
+    let (slices, slice) = (interleaved.rounds.len(), interleaved.slice);
     println!();
     println!("## (1) single procedure: durable WalStore vs raw write+fdatasync ({record} B)");
     println!();

@@ -25,12 +25,7 @@ impl RawLog {
     /// A new, empty file in `dir` for `size`-byte records.
     pub fn create(dir: &Path, size: usize) -> Self {
         let path = dir.join(format!("raw-{size}.log"));
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .write(true)
-            .open(&path)
-            .expect("open the raw log");
+        let file = open_empty(&path);
         RawLog {
             path,
             file,
@@ -50,6 +45,16 @@ impl RawLog {
         }
         (writes, start.elapsed())
     }
+}
+
+/// Creates `path` empty (or empties it) for appending.
+fn open_empty(path: &Path) -> File {
+    OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(path)
+        .expect("open the raw log")
 }
 
 impl Drop for RawLog {
@@ -105,12 +110,7 @@ pub fn file_system(path: &Path) -> Option<(String, String, String)> {
 /// pool (as `WalStore` runs its commits): the raw loop plus two thread hand-offs per write.
 pub async fn write_fdatasync_on_blocking_pool(dir: &Path, size: usize, duration: Duration) -> f64 {
     let path = dir.join(format!("raw-pool-{size}.log"));
-    let file = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .expect("open the raw log");
-    let file = std::sync::Arc::new(file);
+    let file = std::sync::Arc::new(open_empty(&path));
     let record = std::sync::Arc::new(vec![0xA5; size]);
     let start = Instant::now();
     let mut writes = 0u64;

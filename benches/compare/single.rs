@@ -17,6 +17,9 @@ use tokio::runtime::Runtime;
 
 /// The two sides of workload 1, each summed over its slices.
 pub struct Interleaved {
+    /// How long each side ran per round (procflow's slices end with their last
+    /// procedure, a little later).
+    pub slice: Duration,
     /// Raw write+fdatasync: writes, and the time they took.
     pub raw: (u64, Duration),
     /// One procedure at a time on a durable `WalStore`.
@@ -56,6 +59,7 @@ pub fn run(
     runtime.block_on(async {
         let executor = start_executor(dyn_store).await;
         let mut total = Interleaved {
+            slice,
             raw: (0, Duration::ZERO),
             procflow: Rate {
                 steps: 0,
