@@ -104,6 +104,9 @@ impl Summary {
 }
 
 fn main() {
+    if restart::child_main() {
+        return;
+    }
     let plan = Plan::from_args();
     let base = tempfile::Builder::new()
         .prefix("compare-")

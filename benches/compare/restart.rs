@@ -2,6 +2,11 @@
 //! half of them ended and deleted, half parked (HBase's loader evaluation); then the time
 //! from `WalStore::open` to the executor's `start` returning with every unfinished
 //! procedure loaded, against reading the same segment files sequentially.
+//!
+//! The restart runs in a fresh process, as a real one does: the bench starts its own
+//! binary with `--restart-child DIR N` ([`child_main`]). Measured in the process that
+//! generated the log, the same restart took up to twice as long, the allocator still
+//! holding that process's scattered free memory.
 
 use crate::parked::{self, FiveUpdates};
 use procflow::executor::Executor;
@@ -51,25 +56,26 @@ pub fn run(quick: bool, runtime: &Runtime, base: &Path) -> f64 {
 
     // Cold first: the generation left the files in the page cache.
     let cold = if drop_page_cache() {
-        Some(measure(runtime, &dir, &files, n, true))
+        Some(measure(&dir, &files, n, true))
     } else {
         println!("(6) cannot drop the page cache (not root?): the restart is measured warm only");
         None
     };
-    let warm = measure(runtime, &dir, &files, n, false);
+    let warm = measure(&dir, &files, n, false);
     print_table(n, generated, files.len(), bytes, cold.as_ref(), &warm);
     std::fs::remove_dir_all(&dir).expect("remove the restart log");
     cold.as_ref().unwrap_or(&warm).ratio()
 }
 
 /// `--cell restart:N`: builds the log of `n` procedures once, then restarts on it five
-/// times with a warm page cache, printing each time (for a profiler).
+/// times with a warm page cache, each in a fresh process, printing each time. Run the
+/// child alone (`--restart-child DIR N`) under a profiler.
 pub fn profile(runtime: &Runtime, dir: &Path, n: u64) {
     generate(runtime, dir, n);
     // The log was written without fsync: write it back now, not during the restarts.
     let _ = std::process::Command::new("sync").status();
     for _ in 0..5 {
-        let (open, ready, live) = load(runtime, dir, n);
+        let (open, ready, live) = load_in_child(dir, n);
         println!(
             "restart:{n}: open {:.3} s, ready {:.3} s, {live} live",
             open.as_secs_f64(),
@@ -78,14 +84,67 @@ pub fn profile(runtime: &Runtime, dir: &Path, n: u64) {
     }
 }
 
-/// Reads the files, then loads the store; when `cold`, both start with an empty page
-/// cache.
-fn measure(runtime: &Runtime, dir: &Path, files: &[PathBuf], n: u64, cold: bool) -> Pass {
+/// The flag that makes the bench binary a restarting process.
+const CHILD_FLAG: &str = "--restart-child";
+
+/// If the arguments are `--restart-child DIR N`, restarts on the log in `DIR`, prints
+/// the timings on one line for the parent and returns `true`.
+pub fn child_main() -> bool {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(at) = args.iter().position(|arg| arg == CHILD_FLAG) else {
+        return false;
+    };
+    let dir = PathBuf::from(args.get(at + 1).expect("--restart-child DIR N"));
+    let n: u64 = args
+        .get(at + 2)
+        .and_then(|n| n.parse().ok())
+        .expect("--restart-child DIR N");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let (open, ready, live) = load(&runtime, &dir, n);
+    println!(
+        "{CHILD_FLAG} {} {} {live}",
+        open.as_secs_f64(),
+        ready.as_secs_f64()
+    );
+    true
+}
+
+/// Runs [`load`] in a fresh process: this binary with `--restart-child`.
+fn load_in_child(dir: &Path, n: u64) -> (Duration, Duration, usize) {
+    let exe = std::env::current_exe().expect("the bench binary's path");
+    let output = std::process::Command::new(exe)
+        .arg(CHILD_FLAG)
+        .arg(dir)
+        .arg(n.to_string())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("start the restarting process");
+    assert!(output.status.success(), "the restarting process failed");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix(CHILD_FLAG))
+        .expect("the restarting process's timings");
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    let secs = |field: &str| Duration::from_secs_f64(field.parse().expect("seconds"));
+    (
+        secs(fields[0]),
+        secs(fields[1]),
+        fields[2].parse().expect("live procedures"),
+    )
+}
+
+/// Reads the files, then loads the store in a fresh process; when `cold`, both start
+/// with an empty page cache.
+fn measure(dir: &Path, files: &[PathBuf], n: u64, cold: bool) -> Pass {
     let cool = || assert!(!cold || drop_page_cache(), "the page cache can be dropped");
     cool();
     let read = read_all(files);
     cool();
-    let (open, ready, live) = load(runtime, dir, n);
+    let (open, ready, live) = load_in_child(dir, n);
     Pass {
         read,
         open,
