@@ -31,7 +31,7 @@
 //! let store = WalStore::open(dir.path(), WalConfig::default())?;
 //! let loaded = store.load().await?;
 //! assert!(loaded.records[0].finished);
-//! assert_eq!(loaded.records[0].value, b"created");
+//! assert_eq!(loaded.records[0].value, &b"created"[..]);
 //! assert_eq!(loaded.meta["next_id"], 2u64.to_le_bytes());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # })
@@ -54,6 +54,8 @@ mod state;
 mod store;
 mod wal;
 
+/// The type of [`Record::value`]: cloning one shares its bytes instead of copying them.
+pub use bytes::Bytes;
 pub use error::StoreError;
 pub use mem::MemStore;
 pub use store::{Batch, BoxFuture, Limits, Loaded, Op, ProcId, Record, RecordInfo, Store};

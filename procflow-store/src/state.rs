@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::error::StoreError;
@@ -11,28 +12,51 @@ use crate::store::{Batch, Limits, Loaded, Op, ProcId, Record, RecordInfo};
 /// A self-contained change: unlike [`Op::Finish`] it never depends on earlier state, so a
 /// log holding only the latest change of every key can be replayed on its own (this is
 /// what makes compaction possible). It is also the unit written to the WAL.
+///
+/// `V` holds the values: [`Bytes`] in the state, `&[u8]` while a record is decoded in
+/// place from the segment that holds it ([`Change::share`] then slices that segment).
+/// Postcard writes both as a length and the bytes, so the format is the same.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) enum Change {
+pub(crate) enum Change<V = Bytes> {
     /// Insert or replace a whole record.
     Put {
         id: ProcId,
         parent: Option<ProcId>,
         finished: bool,
-        // `serde_bytes`: one copy when replaying the log instead of a visit per byte
-        // (the same bytes on disk: postcard writes both as a length and the bytes).
-        #[serde(with = "serde_bytes")]
-        value: Vec<u8>,
+        value: V,
     },
     /// Remove a record.
     Delete { id: ProcId },
     /// Insert or replace a metadata entry.
-    PutMeta {
-        key: String,
-        #[serde(with = "serde_bytes")]
-        value: Vec<u8>,
-    },
+    PutMeta { key: String, value: V },
     /// Remove a metadata entry.
     DeleteMeta { key: String },
+}
+
+impl Change<&[u8]> {
+    /// The same change with its value as a slice of `owner`, the buffer it was decoded
+    /// from: no copy, and the buffer lives as long as some value still points into it.
+    pub(crate) fn share(self, owner: &Bytes) -> Change {
+        match self {
+            Change::Put {
+                id,
+                parent,
+                finished,
+                value,
+            } => Change::Put {
+                id,
+                parent,
+                finished,
+                value: owner.slice_ref(value),
+            },
+            Change::Delete { id } => Change::Delete { id },
+            Change::PutMeta { key, value } => Change::PutMeta {
+                key,
+                value: owner.slice_ref(value),
+            },
+            Change::DeleteMeta { key } => Change::DeleteMeta { key },
+        }
+    }
 }
 
 /// Which entry of the state a [`Change`] touches.
@@ -42,7 +66,7 @@ pub(crate) enum Key {
     Meta(String),
 }
 
-impl Change {
+impl<V> Change<V> {
     pub(crate) fn key(&self) -> Key {
         match self {
             Change::Put { id, .. } | Change::Delete { id } => Key::Proc(*id),
@@ -115,7 +139,7 @@ impl State {
                         id,
                         parent,
                         finished: false,
-                        value,
+                        value: value.into(),
                     }
                 }
                 Op::Finish { id, value } => {
@@ -131,14 +155,17 @@ impl State {
                         id,
                         parent,
                         finished: true,
-                        value,
+                        value: value.into(),
                     }
                 }
                 Op::Delete { id } => {
                     overlay.insert(id, None);
                     Change::Delete { id }
                 }
-                Op::PutMeta { key, value } => Change::PutMeta { key, value },
+                Op::PutMeta { key, value } => Change::PutMeta {
+                    key,
+                    value: value.into(),
+                },
                 Op::DeleteMeta { key } => Change::DeleteMeta { key },
             });
         }
@@ -178,7 +205,7 @@ impl State {
                 self.records.remove(&id);
             }
             Change::PutMeta { key, value } => {
-                self.meta.insert(key, value);
+                self.meta.insert(key, value.to_vec());
             }
             Change::DeleteMeta { key } => {
                 self.meta.remove(&key);
@@ -197,7 +224,7 @@ impl State {
             }),
             Key::Meta(key) => self.meta.get(key).map(|value| Change::PutMeta {
                 key: key.clone(),
-                value: value.clone(),
+                value: Bytes::copy_from_slice(value),
             }),
         }
     }
@@ -249,7 +276,7 @@ mod tests {
                 id: 1,
                 parent: Some(9),
                 finished: true,
-                value: vec![2]
+                value: vec![2].into()
             })
         );
         let err = state

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use crate::error::StoreError;
+use bytes::Bytes;
 
 /// A procedure's identifier, unique within one store.
 pub type ProcId = u64;
@@ -21,8 +22,9 @@ pub struct Record {
     pub parent: Option<ProcId>,
     /// `true` once [`Op::Finish`] has been committed for this procedure.
     pub finished: bool,
-    /// Opaque bytes; procflow encodes the procedure's state with postcard.
-    pub value: Vec<u8>,
+    /// Opaque bytes; procflow encodes the procedure's state with postcard. The store and
+    /// every [`Loaded`] share these bytes: a clone costs a reference count, not a copy.
+    pub value: Bytes,
 }
 
 /// A record's metadata without its value, as returned by [`Store::list`].

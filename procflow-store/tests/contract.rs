@@ -62,7 +62,7 @@ async fn mem_store_emulates_etcd_limits() {
             id: 1,
             parent: None,
             finished: false,
-            value: vec![0; 1_536 * 1024]
+            value: vec![0; 1_536 * 1024].into()
         })
     );
 }

@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{Env, prefix_states, small_segments, workload};
-use procflow_store::{Batch, Record, Store, StoreError, SyncMode, WalConfig, WalStore};
+use procflow_store::{Batch, Bytes, Record, Store, StoreError, SyncMode, WalConfig, WalStore};
 
 #[tokio::test]
 async fn passes_the_store_contract() {
@@ -249,7 +249,7 @@ async fn no_sync_mode_still_persists_across_clean_close() {
                 id: 1,
                 parent: None,
                 finished: false,
-                value: vec![7]
+                value: vec![7].into()
             })
         );
         assert_eq!(store.stats().group_syncs, 0);
@@ -371,7 +371,7 @@ fn commit_and_close_need_no_async_runtime() {
             .unwrap()
             .block_on(store.get(7))
             .unwrap();
-        assert_eq!(record.unwrap().value, b"seven", "{}", env.name);
+        assert_eq!(record.unwrap().value, &b"seven"[..], "{}", env.name);
     }
 }
 
@@ -391,7 +391,7 @@ async fn a_dropped_commit_future_still_commits_before_the_store_is_dropped() {
         let store = env.open_at(&dir, WalConfig::default()).unwrap();
         assert_eq!(
             store.get(1).await.unwrap().map(|r| r.value),
-            Some(b"queued".to_vec()),
+            Some(Bytes::from_static(b"queued")),
             "{}",
             env.name
         );

@@ -65,7 +65,7 @@ use crate::store::{Batch, BoxFuture, Limits, Loaded, ProcId, Record, RecordInfo,
 /// store.close().await?;
 ///
 /// let store = WalStore::open(dir.path(), WalConfig::default())?;
-/// assert_eq!(store.get(1).await?.unwrap().value, b"step 1");
+/// assert_eq!(store.get(1).await?.unwrap().value, &b"step 1"[..]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// # }).unwrap();
 /// ```
@@ -383,5 +383,54 @@ impl Store for WalStore {
     fn close(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         // Closing twice is fine: the second finds the committer stopped.
         Box::pin(self.inner.request(Request::Close, Ok(())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A value recovered from a segment is a slice of that segment's buffer. Once
+    /// compaction rewrites it forward, it must be a slice of the rewritten record: left
+    /// where it was, it would keep the old segment's whole buffer in memory after the
+    /// file is gone.
+    #[tokio::test]
+    async fn compaction_moves_recovered_values_off_the_old_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = WalConfig {
+            segment_size: 4096,
+            sync: SyncMode::NoSync,
+            ..WalConfig::default()
+        };
+        let store = WalStore::open(dir.path(), config.clone()).unwrap();
+        let idle = vec![1; 100];
+        store
+            .commit(Batch::new().put(1, None, idle.clone()))
+            .await
+            .unwrap();
+        store.close().await.unwrap();
+        drop(store);
+
+        let store = WalStore::open(dir.path(), config).unwrap();
+        let idle_value = |store: &WalStore| store.inner.lock_log().state.records[&1].value.clone();
+        let recovered = idle_value(&store).as_ptr();
+        let first_segment = || store.inner.lock_log().writer.segments()[0].number;
+        let oldest = first_segment();
+        // Churn another procedure until the segment holding the idle one is compacted.
+        for n in 0..=u8::MAX {
+            assert!(n < u8::MAX, "the first segment was never compacted");
+            let batch = Batch::new().put(2, None, vec![n; 1000]);
+            store.commit(batch).await.unwrap();
+            if first_segment() != oldest {
+                break;
+            }
+        }
+        let rewritten = idle_value(&store);
+        assert_eq!(rewritten, idle);
+        assert_ne!(
+            rewritten.as_ptr(),
+            recovered,
+            "still a slice of the old segment"
+        );
     }
 }

@@ -21,6 +21,7 @@
 
 use crate::error::StoreError;
 use crate::state::Change;
+use bytes::Bytes;
 
 /// First byte of every record.
 pub(crate) const RECORD_MARKER: u8 = 0xB7;
@@ -172,10 +173,11 @@ pub(crate) fn payload_matches(header: &RecordHeader, payload: &[u8]) -> bool {
     crc32c::crc32c(payload) == header.payload_crc
 }
 
-/// Decodes a checksum-verified payload.
-pub(crate) fn decode_payload(payload: &[u8]) -> Result<Vec<Change>, String> {
-    match postcard::take_from_bytes::<Vec<Change>>(payload) {
-        Ok((changes, [])) => Ok(changes),
+/// Decodes a checksum-verified payload. The values are slices of `payload`, not copies:
+/// replaying a log allocates nothing per value.
+pub(crate) fn decode_payload(payload: &Bytes) -> Result<Vec<Change>, String> {
+    match postcard::take_from_bytes::<Vec<Change<&[u8]>>>(payload) {
+        Ok((changes, [])) => Ok(changes.into_iter().map(|c| c.share(payload)).collect()),
         Ok((_, rest)) => Err(format!("{} trailing bytes after the payload", rest.len())),
         Err(e) => Err(format!("undecodable payload: {e}")),
     }
@@ -191,7 +193,7 @@ mod tests {
                 id: 7,
                 parent: Some(1),
                 finished: false,
-                value: b"hello".to_vec(),
+                value: Bytes::from_static(b"hello"),
             },
             Change::DeleteMeta { key: "k".into() },
         ]
@@ -205,9 +207,9 @@ mod tests {
         assert_eq!(header.seq, 42);
         assert_eq!(header.fencing_token, Some(9));
         assert_eq!(header.record_len(), bytes.len() as u64);
-        let payload = &bytes[RECORD_HEADER_LEN..];
-        assert!(payload_matches(&header, payload));
-        assert_eq!(decode_payload(payload).unwrap(), sample());
+        let payload = Bytes::copy_from_slice(&bytes[RECORD_HEADER_LEN..]);
+        assert!(payload_matches(&header, &payload));
+        assert_eq!(decode_payload(&payload).unwrap(), sample());
 
         let bytes = encode(KIND_COMPACTION, 1, None, &[]).unwrap();
         assert_eq!(decode_header(&bytes).unwrap().fencing_token, None);
@@ -231,12 +233,12 @@ mod tests {
                 id: 1,
                 parent: Some(2),
                 finished: true,
-                value: vec![9],
+                value: Bytes::from_static(&[9]),
             },
             Change::Delete { id: 300 },
             Change::PutMeta {
                 key: "k".into(),
-                value: vec![],
+                value: Bytes::new(),
             },
             Change::DeleteMeta { key: "k".into() },
         ];
@@ -288,8 +290,9 @@ mod tests {
 
     #[test]
     fn garbage_payload_is_an_error_not_a_panic() {
-        assert!(decode_payload(&[0xff; 16]).is_err());
-        assert!(decode_payload(&[]).is_err());
-        assert_eq!(decode_payload(&[0]).unwrap(), vec![]);
+        let decode = |bytes: &[u8]| decode_payload(&Bytes::copy_from_slice(bytes));
+        assert!(decode(&[0xff; 16]).is_err());
+        assert!(decode(&[]).is_err());
+        assert_eq!(decode(&[0]).unwrap(), vec![]);
     }
 }

@@ -18,6 +18,7 @@ use super::writer::SegmentInfo;
 use crate::error::StoreError;
 use crate::io::{IoBackend, LogFile};
 use crate::state::{Change, State};
+use bytes::Bytes;
 
 /// One valid record found by [`scan_segment`].
 #[derive(Debug)]
@@ -46,8 +47,9 @@ enum Invalid {
     Corrupt(String),
 }
 
-/// Reads the record at the start of `buf`.
-fn read_record(buf: &[u8]) -> Result<(RecordHeader, Vec<Change>), Invalid> {
+/// Reads the record at `offset` in `segment`; its values are slices of `segment`.
+fn read_record(segment: &Bytes, offset: usize) -> Result<(RecordHeader, Vec<Change>), Invalid> {
+    let buf = &segment[offset..];
     let header = match record::decode_header(buf) {
         Ok(header) => header,
         Err(e @ HeaderError::Unsupported(_)) => return Err(Invalid::Corrupt(e.to_string())),
@@ -62,19 +64,20 @@ fn read_record(buf: &[u8]) -> Result<(RecordHeader, Vec<Change>), Invalid> {
             buf.len()
         )));
     }
-    let payload = &buf[RECORD_HEADER_LEN..RECORD_HEADER_LEN + header.payload_len as usize];
-    if !record::payload_matches(&header, payload) {
+    let start = offset + RECORD_HEADER_LEN;
+    let payload = segment.slice(start..start + header.payload_len as usize);
+    if !record::payload_matches(&header, &payload) {
         return Err(Invalid::Torn("record payload checksum mismatch".into()));
     }
-    let changes = record::decode_payload(payload).map_err(Invalid::Corrupt)?;
+    let changes = record::decode_payload(&payload).map_err(Invalid::Corrupt)?;
     Ok((header, changes))
 }
 
 /// The offset of the first valid record at or after `from`, if any.
-fn find_valid_record(bytes: &[u8], from: usize) -> Option<usize> {
+fn find_valid_record(bytes: &Bytes, from: usize) -> Option<usize> {
     (from..bytes.len())
         .filter(|&i| bytes[i] == RECORD_MARKER)
-        .find(|&i| read_record(&bytes[i..]).is_ok())
+        .find(|&i| read_record(bytes, i).is_ok())
 }
 
 /// Scans the bytes of segment `number` (read from `file`). Damage ends the log only in
@@ -82,7 +85,7 @@ fn find_valid_record(bytes: &[u8], from: usize) -> Option<usize> {
 pub(crate) fn scan_segment(
     file: &Path,
     number: u64,
-    bytes: &[u8],
+    bytes: &Bytes,
     is_last: bool,
 ) -> Result<SegmentScan, StoreError> {
     let corrupt = |offset: usize, reason: String| StoreError::Corrupt {
@@ -94,7 +97,7 @@ pub(crate) fn scan_segment(
     let mut records = Vec::new();
     let mut offset = SEGMENT_HEADER_LEN;
     while offset < bytes.len() {
-        match read_record(&bytes[offset..]) {
+        match read_record(bytes, offset) {
             Ok((header, changes)) => {
                 records.push(ScannedRecord {
                     offset: offset as u64,
@@ -199,9 +202,14 @@ pub(crate) fn recover(
     };
     for &number in &numbers {
         let path = segment::path(dir, number);
-        let bytes = backend
-            .read_file(&path)
-            .map_err(io_err("reading a segment", &path))?;
+        // The live values recovered from this segment stay slices of this buffer, so
+        // memory after a restart is at most the log's size on disk (which compaction
+        // bounds), and no value is copied or allocated on its own.
+        let bytes = Bytes::from(
+            backend
+                .read_file(&path)
+                .map_err(io_err("reading a segment", &path))?,
+        );
         let scan = scan_segment(&path, number, &bytes, number == last_number)?;
         for record in scan.records {
             if let Some(prev) = last_seq
@@ -267,7 +275,7 @@ mod tests {
     }
 
     fn scan(bytes: &[u8], is_last: bool) -> Result<SegmentScan, StoreError> {
-        scan_segment(Path::new("seg"), 1, bytes, is_last)
+        scan_segment(Path::new("seg"), 1, &Bytes::copy_from_slice(bytes), is_last)
     }
 
     #[test]

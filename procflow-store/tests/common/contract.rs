@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use procflow_store::{Batch, Loaded, Op, Record, RecordInfo, Store, StoreError};
+use procflow_store::{Batch, Bytes, Loaded, Op, Record, RecordInfo, Store, StoreError};
 
 /// Runs every contract check, each on a fresh store from `new_store`.
 pub async fn run_all(new_store: impl Fn() -> Arc<dyn Store>) {
@@ -20,7 +20,7 @@ fn record(id: u64, parent: Option<u64>, finished: bool, value: &[u8]) -> Record 
         id,
         parent,
         finished,
-        value: value.to_vec(),
+        value: Bytes::copy_from_slice(value),
     }
 }
 
