@@ -19,10 +19,11 @@
 //!
 //! For profiling, `-- --cell store:256` (or `wal:256`, `mem:256`) runs one cell alone for
 //! the cell's time and prints its rate: `WalStore::commit` alone, the executor on the
-//! durable WAL, or the executor on `MemStore`; `raw:1` is the raw write+fdatasync loop
+//! durable WAL, or the executor on `MemStore`; `hand:256` is the hand loop persisting to
+//! a `MemStore` (workload 4's second baseline); `raw:1` is the raw write+fdatasync loop
 //! with records of a step's size. `-- --cell single:R` runs workload 1 alone, interleaved
 //! in R rounds over the cell's time. `-- --cell restart:N` builds workload 6's log of N
-//! procedures, then restarts on it five times (page cache warm).
+//! procedures, then restarts on it five times (page cache warm), each in a fresh process.
 
 // The crate root is benches/compare.rs: its modules live in benches/compare/.
 #[path = "compare/chart.rs"]
@@ -33,6 +34,8 @@ mod disk_use;
 mod drive;
 #[path = "compare/hand_redb.rs"]
 mod hand_redb;
+#[path = "compare/hand_store.rs"]
+mod hand_store;
 #[path = "compare/hbase_store.rs"]
 mod hbase_store;
 #[path = "compare/machine.rs"]
@@ -188,6 +191,12 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             executor.shutdown().await.expect("shutdown");
             rate.steps_per_sec()
         }),
+        "hand" => runtime.block_on(async {
+            let store: Arc<dyn Store> = Arc::new(MemStore::new());
+            hand_store::closed_loop_on_store(store, clients, plan.cell)
+                .await
+                .steps_per_sec()
+        }),
         "raw" => {
             std::fs::create_dir_all(&dir).expect("create the cell directory");
             raw::write_fdatasync_loop(&dir, record_size(runtime, base), plan.cell)
@@ -206,7 +215,7 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             );
             return;
         }
-        other => panic!("unknown cell kind {other}: store, wal, mem, raw, single or restart"),
+        other => panic!("unknown cell kind {other}: store, wal, mem, hand, raw, single or restart"),
     };
     println!("{cell}: {rate:.0}/s");
 }
@@ -464,27 +473,31 @@ fn executor_overhead(plan: &Plan, runtime: &Runtime, summary: &mut Summary) {
     println!("## (4) executor overhead: executor on MemStore vs a hand-written tokio loop");
     println!();
     println!(
-        "| concurrent | executor steps/s | loop, await point per step | ratio | loop, no await point | ratio |"
+        "| concurrent | executor steps/s | loop, await point per step | ratio | loop, no await point | ratio | loop persisting each step to a MemStore | ratio |"
     );
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for &clients in plan.concurrency {
-        let (executor, yielding, straight) = runtime.block_on(async {
+        let (executor, yielding, straight, persisting) = runtime.block_on(async {
             let store: Arc<dyn Store> = Arc::new(MemStore::new());
             let (rate, executor) = executor_closed_loop(store, clients, plan.cell).await;
             executor.shutdown().await.expect("shutdown");
             let yielding = hand_loop(clients, plan.cell, true).await;
             let straight = hand_loop(clients, plan.cell, false).await;
-            (rate, yielding, straight)
+            let store: Arc<dyn Store> = Arc::new(MemStore::new());
+            let persisting = hand_store::closed_loop_on_store(store, clients, plan.cell).await;
+            (rate, yielding, straight, persisting)
         });
-        let (e, y, s) = (
+        let (e, y, s, p) = (
             executor.steps_per_sec(),
             yielding.steps_per_sec(),
             straight.steps_per_sec(),
+            persisting.steps_per_sec(),
         );
         println!(
-            "| {clients} | {e:.0} | {y:.0} | {:.2} | {s:.0} | {:.2} |",
+            "| {clients} | {e:.0} | {y:.0} | {:.2} | {s:.0} | {:.2} | {p:.0} | {:.2} |",
             e / y,
-            e / s
+            e / s,
+            e / p
         );
         if clients == 256 {
             summary.mem_vs_loop = Some(e / y);

@@ -2,7 +2,7 @@
 //! step's state committed to a redb table (a durable commit per step).
 
 use crate::drive::{Rate, closed_loop};
-use crate::machine::{Payload, TenSteps, drive};
+use crate::machine::{Payload, TenSteps, drive, encode};
 use procflow::{Context, ProcedureId, StateMachine};
 use redb::{Database, TableDefinition};
 use std::path::Path;
@@ -36,13 +36,6 @@ pub async fn closed_loop_on_redb(dir: &Path, clients: u64, duration: Duration) -
         }
     })
     .await
-}
-
-fn encode(state: TenSteps, payload: &Payload) -> Vec<u8> {
-    let mut value = Vec::with_capacity(1 + payload.data.len());
-    value.push(u8::try_from(state.index()).expect("fewer than 256 states"));
-    value.extend_from_slice(&payload.data);
-    value
 }
 
 async fn commit(db: &Arc<Database>, id: u64, state: TenSteps, payload: &Payload) {

@@ -85,6 +85,14 @@ handlers! {
     ten: Ten => Done, 10;
 }
 
+/// The bytes a hand-written loop persists after a step: the state's index, then the data.
+pub fn encode(state: TenSteps, payload: &Payload) -> Vec<u8> {
+    let mut value = Vec::with_capacity(1 + payload.data.len());
+    value.push(u8::try_from(state.index()).expect("fewer than 256 states"));
+    value.extend_from_slice(&payload.data);
+    value
+}
+
 /// Drives one procedure through the machine's handlers the way a user without procflow
 /// would: call the current state's handler, move to the state it returns, until a
 /// terminal state. `after_step` runs after every step with the new state (to persist it,
