@@ -1,9 +1,11 @@
 //! How a workload is driven: closed-loop clients, each running one procedure after the
-//! other for a fixed time; and the same procedures through procflow's executor.
+//! other for a fixed time; the same procedures through procflow's executor; and driven by
+//! hand, persisting each step as a user without procflow would.
 
-use crate::machine::{Payload, STEPS, TenSteps};
+use crate::machine::{Payload, STEPS, TenSteps, drive, encode};
 use procflow::executor::{Executor, Outcome};
 use procflow::store::Store;
+use procflow::{Context, ProcedureId, StateMachine};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -57,6 +59,43 @@ where
         procedures,
         elapsed: start.elapsed(),
     }
+}
+
+/// What a hand-written loop persists for procedure `id`, in this order.
+pub enum Write {
+    /// Its initial state (`machine::encode`), before the first step.
+    Initial(Vec<u8>),
+    /// Its state after a step.
+    Step(Vec<u8>),
+    /// It has ended.
+    End,
+}
+
+/// `clients` closed-loop clients driving the ten-step machine's handlers by hand, each
+/// procedure's writes made by `persist(id, write)`.
+pub async fn hand_persisting_loop<P, Fut>(clients: u64, duration: Duration, persist: P) -> Rate
+where
+    P: Fn(u64, Write) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let persist = Arc::new(persist);
+    let env = Arc::new(());
+    closed_loop(clients, duration, move |client, n| {
+        let id = client << 32 | n;
+        let ctx = Context::new(ProcedureId::new(id), Arc::clone(&env));
+        let persist = Arc::clone(&persist);
+        async move {
+            let mut payload = Payload::new(id);
+            persist(id, Write::Initial(encode(TenSteps::INITIAL, &payload))).await;
+            let steps = drive(&mut payload, &ctx, |state, payload| {
+                persist(id, Write::Step(encode(state, payload)))
+            })
+            .await;
+            persist(id, Write::End).await;
+            steps
+        }
+    })
+    .await
 }
 
 /// Starts an executor on `store` and runs `clients` closed-loop clients submitting the

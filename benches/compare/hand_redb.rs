@@ -1,9 +1,7 @@
 //! Workload 3: the ten-step machine persisted the way a user without procflow would, each
 //! step's state committed to a redb table (a durable commit per step).
 
-use crate::drive::{Rate, closed_loop};
-use crate::machine::{Payload, TenSteps, drive, encode};
-use procflow::{Context, ProcedureId, StateMachine};
+use crate::drive::{Rate, Write, hand_persisting_loop};
 use redb::{Database, TableDefinition};
 use std::path::Path;
 use std::sync::Arc;
@@ -20,26 +18,16 @@ const PROCEDURES: TableDefinition<u64, &[u8]> = TableDefinition::new("procedures
 pub async fn closed_loop_on_redb(dir: &Path, clients: u64, duration: Duration) -> Rate {
     std::fs::create_dir_all(dir).expect("create the redb directory");
     let db = Arc::new(Database::create(dir.join("procedures.redb")).expect("create redb"));
-    let env = Arc::new(());
-    closed_loop(clients, duration, move |client, n| {
-        let id = client << 32 | n;
-        let ctx = Context::new(ProcedureId::new(id), Arc::clone(&env));
+    hand_persisting_loop(clients, duration, move |id, write| {
         let db = Arc::clone(&db);
         async move {
-            let mut payload = Payload::new(id);
-            commit(&db, id, TenSteps::INITIAL, &payload).await;
-            drive(&mut payload, &ctx, |state, payload| {
-                let (db, value) = (Arc::clone(&db), encode(state, payload));
-                async move { put(db, id, value).await }
-            })
-            .await
+            // An ended procedure's row stays: the redb table has no cleanup.
+            if let Write::Initial(value) | Write::Step(value) = write {
+                put(db, id, value).await;
+            }
         }
     })
     .await
-}
-
-async fn commit(db: &Arc<Database>, id: u64, state: TenSteps, payload: &Payload) {
-    put(Arc::clone(db), id, encode(state, payload)).await;
 }
 
 async fn put(db: Arc<Database>, id: u64, value: Vec<u8>) {

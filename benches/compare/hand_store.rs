@@ -3,9 +3,7 @@
 //! would. Against the executor on the same store, the ratio is what the executor itself
 //! adds: the bookkeeping around each step, not the writes both make.
 
-use crate::drive::{Rate, closed_loop};
-use crate::machine::{Payload, TenSteps, drive, encode};
-use procflow::{Context, ProcedureId, StateMachine};
+use crate::drive::{Rate, Write, hand_persisting_loop};
 use procflow_store::{Batch, Store};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,30 +13,19 @@ use std::time::Duration;
 /// `yield_now`, so procedures interleave as on the executor), and its record is deleted
 /// once it ends.
 pub async fn closed_loop_on_store(store: Arc<dyn Store>, clients: u64, duration: Duration) -> Rate {
-    let env = Arc::new(());
-    closed_loop(clients, duration, move |client, n| {
-        let id = client << 32 | n;
-        let ctx = Context::new(ProcedureId::new(id), Arc::clone(&env));
+    hand_persisting_loop(clients, duration, move |id, write| {
         let store = Arc::clone(&store);
         async move {
-            let mut payload = Payload::new(id);
-            let first = encode(TenSteps::INITIAL, &payload);
-            commit(&store, Batch::new().put(id, None, first)).await;
-            let steps = drive(&mut payload, &ctx, |state, payload| {
-                let (store, value) = (Arc::clone(&store), encode(state, payload));
-                async move {
-                    commit(&store, Batch::new().put(id, None, value)).await;
-                    tokio::task::yield_now().await;
-                }
-            })
-            .await;
-            commit(&store, Batch::new().delete(id)).await;
-            steps
+            let step = matches!(write, Write::Step(_));
+            let batch = match write {
+                Write::Initial(value) | Write::Step(value) => Batch::new().put(id, None, value),
+                Write::End => Batch::new().delete(id),
+            };
+            store.commit(batch).await.expect("commit");
+            if step {
+                tokio::task::yield_now().await;
+            }
         }
     })
     .await
-}
-
-async fn commit(store: &Arc<dyn Store>, batch: Batch) {
-    store.commit(batch).await.expect("commit");
 }
