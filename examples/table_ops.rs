@@ -678,7 +678,7 @@ async fn run() -> Result<(), Failure> {
 
     // The region server comes up: every region opens, and the rest follows from the locks.
     cluster.region_server_up.store(true, Ordering::SeqCst);
-    let woken = executor.wake(REGION_SERVER_UP);
+    let woken = executor.wake(REGION_SERVER_UP).await?;
     cluster.observe(
         None,
         "region server",

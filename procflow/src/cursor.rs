@@ -184,6 +184,19 @@ impl<M: StateMachine> Cursor<M> {
         self.settle_rollback();
     }
 
+    /// Starts rolling back after `cause`, undoing the current state too when it has a
+    /// rollback handler: it was interrupted (aborted, timed out, or its result could not be
+    /// stored) after its handler ran, so it may have partly acted, and undo handlers are
+    /// idempotent. `acted` says whether its handler ran since the procedure entered it.
+    pub(crate) fn interrupt(&mut self, cause: Error, acted: bool) {
+        let state = self.state;
+        if acted && state.has_rollback() && !state.is_terminal() && !self.completed.contains(&state)
+        {
+            self.completed.push(state);
+        }
+        self.start_rollback(cause);
+    }
+
     /// The next state to undo while rolling back: the newest completed state with a
     /// rollback handler.
     #[must_use]

@@ -248,8 +248,9 @@ impl LockKeyError {
 /// parent, grandparent… in the procedure tree) never count: a child runs on its
 /// parent's behalf and may use what the parent holds.
 ///
-/// The table does not hold on to anything across a restart: the executor takes the
-/// locks of resumed procedures again before running them.
+/// The table does not hold on to anything across a restart. When it starts, the executor
+/// first [`restore`](LockTable::restore)s the locks of every procedure that held locks for
+/// life, before any procedure runs; the others queue again as their tasks reach them.
 ///
 /// The implementation scans holders and waiters linearly under one [`std::sync::Mutex`]
 /// (never held across an `.await`); that is cheap for the tens to thousands of
@@ -440,6 +441,22 @@ impl LockTable {
             let _ = granted.await;
             guard.armed = false;
         }
+    }
+
+    /// Gives `owner` back the locks it held for life before a restart, ahead of every
+    /// request not yet made: called while the executor starts, before any procedure runs,
+    /// so no one else can be granted a conflicting lock inside the holder's life.
+    ///
+    /// Holders never conflicted before the crash, so none should now; if the store says
+    /// otherwise (two holders of one exclusive lock), the grant still happens and the
+    /// conflict is returned, for the caller to report.
+    pub(crate) fn restore(&self, owner: u64, ancestors: &[u64], locks: &[Lock]) -> bool {
+        let request = Request::new(owner, ancestors, locks);
+        let mut state = self.state();
+        let conflict = !request.grantable(&state.held, &state.waiting);
+        let ticket = state.take_ticket();
+        state.grant(ticket, request);
+        !conflict
     }
 
     #[cfg(test)]

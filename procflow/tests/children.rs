@@ -150,7 +150,7 @@ async fn parent_resumes_after_all_children_succeed(store: TestStore) {
     executor.wait(children[1].id).await.unwrap();
     assert_eq!(executor.state(id).unwrap().status, Status::WaitingChildren);
     ledger.push("a go");
-    assert_eq!(executor.wake("a"), 1);
+    assert_eq!(executor.wake("a").await.unwrap(), 1);
     assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
     assert_eq!(executor.state(id).unwrap().state, "Done");
     assert_eq!(ledger.count("parent execute 2"), 1);

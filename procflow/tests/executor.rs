@@ -407,7 +407,7 @@ async fn suspended_procedure_runs_again_when_woken(store: TestStore) {
         Status::Suspended { event: "p".into() }
     );
     ledger.push("p woken");
-    assert_eq!(executor.wake("p"), 1);
+    assert_eq!(executor.wake("p").await.unwrap(), 1);
     assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
     assert_eq!(ledger.count("p execute 2"), 2);
     assert_eq!(ledger.value("p value"), Some(26));
@@ -458,13 +458,14 @@ async fn abort_rolls_back_at_the_next_boundary(store: TestStore) {
         outcome,
         Outcome::RolledBack(Error::fatal("aborted on request"))
     );
-    // Steps 1 and 2 completed: each rolled back once, newest first.
+    // Steps 1 and 2 completed, step 3 suspended (it ran, so it may have acted): each is
+    // rolled back once, newest first.
     let rollbacks: Vec<_> = ledger
         .events()
         .into_iter()
         .filter(|e| e.contains("rollback"))
         .collect();
-    assert_eq!(rollbacks, ["p rollback 2", "p rollback 1"]);
+    assert_eq!(rollbacks, ["p rollback 3", "p rollback 2", "p rollback 1"]);
 }
 
 async fn timeout_fails_a_stuck_procedure(store: TestStore) {
@@ -638,8 +639,13 @@ struct Grow {
 impl GrowStateHandlers for Grow {
     async fn grow(&mut self, ctx: &Context<Ledger>) -> Step<grow_state::Grow> {
         ctx.env().push("grow");
-        self.data.extend([7; 100]);
         self.steps += 1;
+        // 100 bytes, then 400 more: the second step's state is refused at once, and the
+        // rollback's record (the first step's state and the error) still fits.
+        self.data.extend(std::iter::repeat_n(
+            7,
+            100 * self.steps as usize * self.steps as usize,
+        ));
         Ok(if self.steps < 10 {
             grow_state::Grow::Grow
         } else {
@@ -657,7 +663,7 @@ async fn a_value_the_store_refuses_fails_only_its_procedure() {
     let ledger = Ledger::default();
     let limits = Limits {
         max_ops_per_batch: None,
-        max_value_bytes: Some(300),
+        max_value_bytes: Some(400),
     };
     let store = Arc::new(MemStore::with_limits(limits));
     let executor = Executor::builder(
@@ -676,21 +682,31 @@ async fn a_value_the_store_refuses_fails_only_its_procedure() {
         Err(SubmitError::Executor(ExecutorError::Rejected(_))) => {}
         other => panic!("expected a refused submit, got {other:?}"),
     }
-    // Fits at first, outgrows the limit within three steps: it stops there, failed.
+    // Fits at first, outgrows the limit at its second step: it rolls back from its last
+    // stored step, durably (the store says it ended: no restart resumes it).
     let grow = Grow {
         data: Vec::new(),
         steps: 0,
     };
     let id = executor.submit::<GrowState>(grow).await.unwrap();
     match executor.wait(id).await.unwrap() {
-        Outcome::Failed(error) => {
-            assert!(error.to_string().contains("cannot persist"), "{error}");
+        Outcome::RolledBack(error) => {
+            assert!(error.to_string().contains("cannot be stored"), "{error}");
         }
-        other => panic!("expected the procedure to fail, got {other:?}"),
+        other => panic!("expected the procedure to roll back, got {other:?}"),
     }
-    assert!(
-        ledger.count("grow") <= 3,
+    assert_eq!(
+        ledger.count("grow"),
+        2,
         "it stopped where it could not be stored"
+    );
+    let stored = procflow::store::Store::get(&*store, id.get())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        stored.finished,
+        "the outcome `wait` returned is the stored one"
     );
     // The executor goes on.
     let ok = executor

@@ -164,7 +164,7 @@ async fn lock_held_for_life_excludes_until_the_end(store: TestStore) {
     assert_eq!(ledger.count("p2 work"), 0);
     // p1 fails (it holds A while suspended, and while rolling back); then p2 runs.
     ledger.push("p1-fails go");
-    executor.wake("p1-fails");
+    executor.wake("p1-fails").await.unwrap();
     assert!(matches!(
         executor.wait(p1).await.unwrap(),
         Outcome::RolledBack(_)
@@ -215,7 +215,7 @@ async fn per_step_locks_are_free_between_steps(store: TestStore) {
         .unwrap();
     assert_eq!(executor.wait(p2).await.unwrap(), Outcome::Succeeded);
     ledger.push("p1 go");
-    executor.wake("p1");
+    executor.wake("p1").await.unwrap();
     assert_eq!(executor.wait(p1).await.unwrap(), Outcome::Succeeded);
 }
 
@@ -258,7 +258,7 @@ async fn locks_are_taken_again_after_a_restart(store: TestStore) {
         .unwrap();
     status(&executor, p2, Status::WaitingForLock).await;
     ledger.push("p1 go");
-    executor.wake("p1");
+    executor.wake("p1").await.unwrap();
     assert_eq!(executor.wait(p2).await.unwrap(), Outcome::Succeeded);
     assert_eq!(executor.wait(p1).await.unwrap(), Outcome::Succeeded);
 }

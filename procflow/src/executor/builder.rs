@@ -7,9 +7,12 @@ use super::erased::Registry;
 use super::error::ExecutorError;
 use super::hooks::KillHook;
 use super::inner::{self, Inner, Mode, Table};
+use super::record::Wait;
 use super::record::{Envelope, NEXT_ID_KEY, NONCE_PREFIX};
 use super::runner::{self, Launch};
 use super::status::Unloadable;
+use super::wakes::WakeLog;
+use crate::locks::Hold;
 use crate::locks::LockTable;
 use crate::{ProcedureId, StateMachine};
 use procflow_store::{Loaded, Record, Store};
@@ -109,7 +112,8 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             registry: self.registry,
             table: std::sync::Mutex::new(table),
             locks: LockTable::new(),
-            nonce_gate: tokio::sync::Mutex::new(()),
+            id_gate: Arc::new(tokio::sync::Mutex::new(())),
+            wake_log: WakeLog::default(),
             mode: watch::Sender::new(Mode::Running),
             mode_flag: AtomicU8::new(inner::RUNNING),
             hook: self.hook,
@@ -156,6 +160,12 @@ fn table_from(loaded: &Loaded) -> Result<Table, ExecutorError> {
 }
 
 /// Rebuilds every stored procedure; starts the unfinished ones.
+///
+/// Before any task starts, everything a task would otherwise set up on its own first run
+/// is in place, so nothing depends on the order tasks are polled in: every entry is in
+/// the table (a parent finds its children), every suspended procedure is registered on
+/// its event (a `wake` right after the start reaches it), and every procedure that held
+/// locks for life holds them again (no one else is granted a conflicting lock first).
 fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, records: &[Record], aborted: &[u64]) {
     let parents: HashMap<u64, Option<u64>> = records.iter().map(|r| (r.id, r.parent)).collect();
     let mut live = Vec::new();
@@ -163,16 +173,23 @@ fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, records: &[Record], a
         let Some(launch) = rebuild(inner, record, &parents) else {
             continue;
         };
-        // Every entry goes in before any task starts: a parent must find its children.
         let wake = runner::insert_entry(inner, &launch);
         if aborted.contains(&record.id) {
             if let Some(entry) = inner.table().procs.get_mut(&record.id) {
-                entry.abort = true;
+                entry.abort = Some(crate::Error::fatal("aborted on request"));
             }
         }
         if !record.finished {
             live.push((launch, wake));
         }
+    }
+    // Oldest first: the order they took their locks in before the restart.
+    live.sort_by_key(|(launch, _)| launch.id);
+    for (launch, _) in &mut live {
+        if let Wait::Event { name, .. } = &launch.envelope.wait {
+            inner.table().listen(name, launch.id);
+        }
+        launch.holding = restore_locks(inner, launch);
     }
     let roots = live.iter().filter(|(l, _)| l.parent.is_none()).count();
     inner
@@ -186,6 +203,31 @@ fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, records: &[Record], a
     for (launch, wake) in live {
         runner::start(inner, launch, wake);
     }
+}
+
+/// Gives a procedure that held its locks for life before the restart its locks back;
+/// returns whether it holds them now. A procedure holds them from before its first step:
+/// one that has taken a step, waits, or rolls back held them.
+fn restore_locks<E>(inner: &Inner<E>, launch: &Launch<E>) -> bool {
+    let Ok(locks) = launch.procedure.locks() else {
+        return false;
+    };
+    let started = launch.procedure.steps() > 0
+        || launch.envelope.wait != Wait::Ready
+        || !matches!(launch.procedure.phase(), crate::Phase::Running);
+    if locks.hold() != Hold::ForLife || locks.locks().is_empty() || !started {
+        return false;
+    }
+    if !inner
+        .locks
+        .restore(launch.id, &launch.ancestors, locks.locks())
+    {
+        tracing::error!(
+            id = launch.id,
+            "the store holds two procedures in one exclusive lock's life; both keep it"
+        );
+    }
+    true
 }
 
 fn rebuild<E: Send + Sync + 'static>(
@@ -224,11 +266,16 @@ fn rebuild<E: Send + Sync + 'static>(
         ancestors.push(parent);
         at = parents.get(&parent).copied().flatten();
     }
+    // The state after a spawn runs once its children end: it has not run yet. Otherwise
+    // it is not known whether the current state's handler ran before the crash.
+    let acted = !matches!(envelope.wait, Wait::Children(_));
     Some(Launch {
         id: record.id,
         parent: record.parent,
         ancestors,
         procedure,
         envelope,
+        acted,
+        holding: false,
     })
 }

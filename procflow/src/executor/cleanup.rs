@@ -2,7 +2,7 @@
 //! their nonces) are deleted from the store.
 
 use super::hooks::WriteKind;
-use super::inner::Inner;
+use super::inner::{Entry, Inner, Table};
 use super::record::{NONCE_PREFIX, now_ms};
 use procflow_store::Batch;
 use std::sync::Arc;
@@ -20,8 +20,8 @@ pub(crate) async fn run<E: Send + Sync + 'static>(inner: Arc<Inner<E>>) {
     }
 }
 
-/// Deletes the finished procedures past their retention. A finished child whose parent
-/// is still live is kept: the parent needs its outcome.
+/// Deletes the finished procedures past their retention. Nothing in the tree of a live
+/// root is deleted: an ancestor may still roll back and need to undo it.
 async fn clean<E>(inner: &Inner<E>) -> Result<(), super::ExecutorError> {
     let retention = u64::try_from(inner.config.retention.as_millis()).unwrap_or(u64::MAX);
     let now = now_ms();
@@ -35,15 +35,7 @@ async fn clean<E>(inner: &Inner<E>) -> Result<(), super::ExecutorError> {
                     .finished_ms
                     .is_some_and(|at| at.saturating_add(retention) <= now)
             })
-            .filter(|(_, entry)| {
-                let parent = entry.info.borrow().parent;
-                parent.is_none_or(|p| {
-                    table
-                        .procs
-                        .get(&p.get())
-                        .is_none_or(|parent| parent.finished_ms.is_some())
-                })
-            })
+            .filter(|(_, entry)| !has_live_ancestor(&table, entry))
             .map(|(id, entry)| (*id, entry.nonce.clone()))
             .collect()
     };
@@ -75,4 +67,20 @@ async fn clean<E>(inner: &Inner<E>) -> Result<(), super::ExecutorError> {
         }
     }
     Ok(())
+}
+
+/// Whether a procedure above `entry` in its tree is still live.
+fn has_live_ancestor(table: &Table, entry: &Entry) -> bool {
+    let mut at = entry.info.borrow().parent;
+    // Bounded by the table's size: a damaged parent chain must not loop forever.
+    for _ in 0..table.procs.len() {
+        let Some(parent) = at.and_then(|id| table.procs.get(&id.get())) else {
+            return false;
+        };
+        if parent.finished_ms.is_none() {
+            return true;
+        }
+        at = parent.info.borrow().parent;
+    }
+    false
 }

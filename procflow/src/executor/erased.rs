@@ -36,6 +36,8 @@ pub(crate) trait DynProcedure<E>: Send {
     /// See [`Instance::fail_forward`].
     fn fail_forward(&mut self, error: Error, budget_spent: bool) -> Result<(), Error>;
     fn start_rollback(&mut self, cause: Error);
+    /// See [`Cursor::interrupt`](crate::Cursor).
+    fn interrupt(&mut self, cause: Error, acted: bool);
     fn fail(&mut self, cause: Error);
     fn encode_into(&self, out: Vec<u8>) -> Result<Vec<u8>, CodecError>;
     fn locks(&self) -> Result<Locks, LockKeyError>;
@@ -81,6 +83,9 @@ impl<M: StateMachine> DynProcedure<M::Env> for Instance<M> {
     }
     fn start_rollback(&mut self, cause: Error) {
         self.cursor.start_rollback(cause);
+    }
+    fn interrupt(&mut self, cause: Error, acted: bool) {
+        self.cursor.interrupt(cause, acted);
     }
     fn fail(&mut self, cause: Error) {
         self.cursor.fail(cause);

@@ -6,13 +6,14 @@ use super::error::ExecutorError;
 use super::hooks::{KillHook, StoreWrite, WriteKind, WritePoint};
 use super::record::NEXT_ID_KEY;
 use super::status::{ProcedureInfo, Unloadable};
-use crate::ProcedureId;
+use super::wakes::WakeLog;
 use crate::locks::LockTable;
+use crate::{Error, ProcedureId};
 use procflow_store::{Batch, Op, Store, StoreError};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use tokio::sync::{Notify, Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, oneshot, watch};
 use tokio_util::task::TaskTracker;
 
 /// How many ids one reservation in the store covers: one metadata write per block of
@@ -24,6 +25,29 @@ const ID_BLOCK: u64 = 1024;
 pub(crate) const RUNNING: u8 = 0;
 const SHUTTING_DOWN: u8 = 1;
 const HALTED: u8 = 2;
+
+/// A new reservation of ids, to write with the batch that uses the first of them.
+pub(crate) struct Reservation {
+    /// Held until the batch has landed (or failed): no other reservation races it.
+    _gate: tokio::sync::OwnedMutexGuard<()>,
+    target: u64,
+}
+
+impl Reservation {
+    /// The metadata op that makes the reservation durable.
+    pub(crate) fn op(&self) -> Op {
+        Op::PutMeta {
+            key: NEXT_ID_KEY.to_owned(),
+            value: self.target.to_le_bytes().to_vec(),
+        }
+    }
+
+    /// The batch carrying [`op`](Self::op) landed: ids up to the target may be handed out.
+    pub(crate) fn confirm<E>(self, inner: &Inner<E>) {
+        let mut table = inner.table();
+        table.reserved_id = table.reserved_id.max(self.target);
+    }
+}
 
 /// Whether the executor runs.
 #[derive(Clone, Debug)]
@@ -48,8 +72,11 @@ pub(crate) struct Inner<E> {
     pub(crate) live_roots: AtomicUsize,
     pub(crate) table: Mutex<Table>,
     pub(crate) locks: LockTable,
-    /// Serialises submits that carry a nonce, so one nonce makes one procedure.
-    pub(crate) nonce_gate: tokio::sync::Mutex<()>,
+    /// Serialises writes of the id reservation, so ids are handed out only under a
+    /// durable one.
+    pub(crate) id_gate: Arc<tokio::sync::Mutex<()>>,
+    /// Wakes a running step may still need (see [`WakeLog`]).
+    pub(crate) wake_log: WakeLog,
     pub(crate) mode: watch::Sender<Mode>,
     /// [`Mode`]'s variant as a number, read on every step without the watch's lock.
     pub(crate) mode_flag: AtomicU8,
@@ -63,12 +90,16 @@ pub(crate) struct Inner<E> {
 pub(crate) struct Table {
     pub(crate) procs: HashMap<u64, Entry>,
     pub(crate) nonces: HashMap<String, u64>,
+    /// Nonces whose submit is being persisted: a second submit with the same nonce waits
+    /// for the first (told through the `Notify`) instead of making a second procedure.
+    pub(crate) pending_nonces: HashMap<String, Arc<Notify>>,
     /// Event name → procedures suspended on it.
     /// A set, not a list: with many procedures on one event, joining and leaving must not
     /// scan the others (that made a restart of 500,000 suspended procedures quadratic).
     pub(crate) events: HashMap<String, BTreeSet<u64>>,
     pub(crate) unloadable: Vec<Unloadable>,
-    /// The next id to hand out, and the first one not covered by the store's reservation.
+    /// The next id to hand out, and the first one not covered by the durable reservation
+    /// in the store.
     pub(crate) next_id: u64,
     pub(crate) reserved_id: u64,
 }
@@ -77,10 +108,34 @@ pub(crate) struct Entry {
     pub(crate) info: watch::Sender<ProcedureInfo>,
     /// Wakes the procedure's task: its event fired, or one of its children ended.
     pub(crate) wake: Arc<Notify>,
-    pub(crate) abort: bool,
+    /// Why the procedure must roll back at its next boundary or wait, if it must: an
+    /// abort request, or its parent stopping its children.
+    pub(crate) abort: Option<Error>,
+    /// Callers of `wake` waiting until this procedure has persisted its wake-up.
+    pub(crate) wake_acks: Vec<oneshot::Sender<()>>,
     pub(crate) nonce: Option<String>,
     /// Wall-clock end, ms since the epoch, for retention.
     pub(crate) finished_ms: Option<u64>,
+}
+
+impl Table {
+    /// Registers procedure `id` as suspended on `event`.
+    pub(crate) fn listen(&mut self, event: &str, id: u64) {
+        match self.events.get_mut(event) {
+            Some(waiting) => drop(waiting.insert(id)),
+            None => drop(self.events.insert(event.to_owned(), BTreeSet::from([id]))),
+        }
+    }
+
+    /// Unregisters procedure `id` from `event`.
+    pub(crate) fn stop_listening(&mut self, event: &str, id: u64) {
+        if let Some(waiting) = self.events.get_mut(event) {
+            waiting.remove(&id);
+            if waiting.is_empty() {
+                self.events.remove(event);
+            }
+        }
+    }
 }
 
 impl<E> Inner<E> {
@@ -112,6 +167,35 @@ impl<E> Inner<E> {
         }
     }
 
+    /// `Ok` while the executor runs, else why it does not.
+    pub(crate) fn running(&self) -> Result<(), ExecutorError> {
+        match self.mode() {
+            Mode::Running => Ok(()),
+            Mode::ShuttingDown => Err(ExecutorError::ShutDown),
+            Mode::Halted(reason) => Err(reason),
+        }
+    }
+
+    /// Wakes every procedure suspended on `event` (see `Executor::wake`); returns one
+    /// receiver per woken procedure, told once it has persisted its wake-up.
+    pub(crate) fn wake(&self, event: &str) -> Vec<oneshot::Receiver<()>> {
+        let mut table = self.table();
+        // Under the table's lock, as a step that ends by suspending checks the log and
+        // registers: a wake cannot fall between the two.
+        self.wake_log.wake(event);
+        let waiting = table.events.remove(event).unwrap_or_default();
+        let mut acks = Vec::with_capacity(waiting.len());
+        for id in waiting {
+            if let Some(entry) = table.procs.get_mut(&id) {
+                let (ack, acked) = oneshot::channel();
+                entry.wake_acks.push(ack);
+                entry.wake.notify_one();
+                acks.push(acked);
+            }
+        }
+        acks
+    }
+
     pub(crate) fn is_running(&self) -> bool {
         self.mode_flag.load(Ordering::Acquire) == RUNNING
     }
@@ -141,22 +225,44 @@ impl<E> Inner<E> {
         })
     }
 
-    /// Hands out `n` fresh ids; when they run past the reservation in the store, returns
-    /// the metadata op extending it, to commit with the batch that uses them.
-    pub(crate) fn allocate_ids(&self, n: u64) -> (Vec<u64>, Option<Op>) {
-        let mut table = self.table();
-        let first = table.next_id;
-        table.next_id += n;
-        let ids = (first..table.next_id).collect();
-        if table.next_id <= table.reserved_id {
+    /// Hands out `n` fresh ids. When they run past the durable reservation in the store,
+    /// also returns a [`Reservation`]: commit its op in the batch that uses the ids, then
+    /// [`confirm`](Reservation::confirm) it. Until then every other allocation past the
+    /// durable reservation waits, so reservations land in order and an id is never handed
+    /// out twice, also across restarts and refused batches. Ids of a batch that did not
+    /// land are skipped, never reused: no one saw them.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a dropped call hands out nothing.
+    pub(crate) async fn allocate_ids(&self, n: u64) -> (Vec<u64>, Option<Reservation>) {
+        if let Some(ids) = self.take_reserved_ids(n) {
             return (ids, None);
         }
-        table.reserved_id = table.next_id + ID_BLOCK;
-        let op = Op::PutMeta {
-            key: NEXT_ID_KEY.to_owned(),
-            value: table.reserved_id.to_le_bytes().to_vec(),
+        let gate = Arc::clone(&self.id_gate).lock_owned().await;
+        if let Some(ids) = self.take_reserved_ids(n) {
+            return (ids, None);
+        }
+        let mut table = self.table();
+        let first = table.next_id;
+        table.next_id = first.saturating_add(n);
+        let reservation = Reservation {
+            _gate: gate,
+            target: table.next_id.saturating_add(ID_BLOCK),
         };
-        (ids, Some(op))
+        ((first..table.next_id).collect(), Some(reservation))
+    }
+
+    /// `n` ids from the durable reservation, if it still covers them.
+    fn take_reserved_ids(&self, n: u64) -> Option<Vec<u64>> {
+        let mut table = self.table();
+        let first = table.next_id;
+        let end = first.checked_add(n)?;
+        if end > table.reserved_id {
+            return None;
+        }
+        table.next_id = end;
+        Some((first..end).collect())
     }
 
     /// Commits `batch`, consulting the kill hook right before and right after.

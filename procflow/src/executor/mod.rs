@@ -53,6 +53,8 @@ mod inner;
 mod record;
 mod runner;
 mod status;
+mod submit;
+mod wakes;
 
 pub use builder::ExecutorBuilder;
 pub use config::{Config, RetryPolicy};
@@ -60,15 +62,11 @@ pub use error::{ExecutorError, SubmitError};
 pub use hooks::{KillHook, StoreWrite, WriteKind, WritePoint};
 pub use status::{Outcome, ProcedureInfo, Status, Unloadable};
 
-use crate::instance::Instance;
 use crate::locks::Lock;
-use crate::{Cursor, ProcedureId, StateMachine};
+use crate::{Error, ProcedureId, StateMachine};
 use inner::{Inner, Mode};
-use procflow_store::{Batch, Op, Store};
-use record::{Envelope, NONCE_PREFIX, now_ms};
-use runner::Launch;
+use procflow_store::Store;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::watch;
 
@@ -151,12 +149,14 @@ impl<E: Send + Sync + 'static> Executor<E> {
     /// # Errors
     ///
     /// [`SubmitError`]: `M` not registered, the executor full, the data not serializable,
-    /// or the executor not running.
+    /// the store refused the procedure, or the executor not running.
     ///
     /// # Cancel safety
     ///
-    /// Not cancel safe: if the future is dropped after the store write, the procedure
-    /// runs but its id is lost to the caller (use a nonce to find it again).
+    /// Cancel safe. Once the procedure's id is taken, its write and its start happen in a
+    /// task of the executor that dropping this future does not cancel: a dropped submit
+    /// either never happened or runs, and only its id is lost to the caller (a nonce finds
+    /// it again).
     pub async fn submit<M: StateMachine<Env = E>>(
         &self,
         procedure: M::Procedure,
@@ -166,6 +166,9 @@ impl<E: Send + Sync + 'static> Executor<E> {
     }
 
     /// [`submit`](Self::submit) with a nonce and/or a timeout.
+    ///
+    /// One nonce never makes two procedures: a submit with a nonce that another submit is
+    /// still persisting waits for it and returns its id.
     ///
     /// # Errors
     ///
@@ -179,90 +182,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
         procedure: M::Procedure,
         options: SubmitOptions,
     ) -> Result<ProcedureId, SubmitError> {
-        self.running()?;
-        if !self.inner.registry.contains(M::NAME) {
-            return Err(SubmitError::NotRegistered(M::NAME));
-        }
-        let _gate = match options.nonce {
-            Some(_) => Some(self.inner.nonce_gate.lock().await),
-            None => None,
-        };
-        if let Some(id) = options
-            .nonce
-            .as_ref()
-            .and_then(|nonce| self.inner.table().nonces.get(nonce).copied())
-        {
-            return Ok(ProcedureId::new(id));
-        }
-        self.admit()?;
-        let result = self.persist_new::<M>(procedure, options).await;
-        if result.is_err() {
-            self.inner.live_roots.fetch_sub(1, Ordering::AcqRel);
-        }
-        result
-    }
-
-    /// Counts a new root procedure in, or refuses it when the queue is full.
-    fn admit(&self) -> Result<(), SubmitError> {
-        let limit = self
-            .inner
-            .config
-            .max_running
-            .saturating_add(self.inner.config.queue_capacity);
-        self.inner
-            .live_roots
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |live| {
-                (live < limit).then_some(live + 1)
-            })
-            .map(drop)
-            .map_err(|live| SubmitError::QueueFull { live })
-    }
-
-    async fn persist_new<M: StateMachine<Env = E>>(
-        &self,
-        procedure: M::Procedure,
-        options: SubmitOptions,
-    ) -> Result<ProcedureId, SubmitError> {
-        let instance = Instance::<M> {
-            procedure,
-            cursor: Cursor::new(),
-        };
-        let deadline_ms = options
-            .timeout
-            .map(|t| now_ms().saturating_add(u64::try_from(t.as_millis()).unwrap_or(u64::MAX)));
-        let envelope = Envelope::new(options.nonce.clone(), deadline_ms);
-        let value = envelope
-            .encode(|out| crate::codec::encode_into(&instance.procedure, &instance.cursor, out))?;
-        let (ids, reservation) = self.inner.allocate_ids(1);
-        let id = ids[0];
-        let mut batch = Batch::new();
-        batch.ops.extend(reservation);
-        if let Some(nonce) = &options.nonce {
-            batch.push(Op::PutMeta {
-                key: format!("{NONCE_PREFIX}{nonce}"),
-                value: id.to_le_bytes().to_vec(),
-            });
-        }
-        let batch = batch.put(id, None, value);
-        self.inner
-            .commit(id, WriteKind::Submit, batch)
-            .await
-            .map_err(SubmitError::Executor)?;
-        if let Some(nonce) = options.nonce {
-            self.inner.table().nonces.insert(nonce, id);
-        }
-        metrics::counter!("procflow_submitted_total", "machine" => M::NAME).increment(1);
-        runner::launch(
-            &self.inner,
-            Launch {
-                id,
-                parent: None,
-                ancestors: Vec::new(),
-                procedure: Box::new(instance),
-                envelope,
-            },
-        );
-        Ok(ProcedureId::new(id))
+        submit::submit::<M, E>(&self.inner, procedure, options).await
     }
 
     /// Waits until procedure `id` ends and returns how.
@@ -335,23 +255,51 @@ impl<E: Send + Sync + 'static> Executor<E> {
             .map(|entry| entry.info.subscribe())
     }
 
-    /// Wakes every procedure suspended on `event`; returns how many.
+    /// Wakes every procedure suspended on `event`, and returns how many it woke once
+    /// each of them has persisted its wake-up: from then on a crash does not lose the
+    /// wake, the procedure runs its suspended step again after a restart.
     ///
-    /// A woken procedure runs its suspended step again. The wake-up is durable once that
-    /// procedure has persisted it (right away, unless the process dies in between).
-    pub fn wake(&self, event: &str) -> usize {
-        let mut table = self.inner.table();
-        let waiting = table.events.remove(event).unwrap_or_default();
-        for id in &waiting {
-            if let Some(entry) = table.procs.get(id) {
-                entry.wake.notify_one();
+    /// A wake is never lost. Procedures suspended on `event` are known from the moment the
+    /// executor has loaded the store. A procedure whose step is running when the wake
+    /// arrives is not counted, but if that step then suspends on `event`, it runs again at
+    /// once instead of waiting (condition-variable style: a handler checks its condition,
+    /// and the caller makes the condition true before it wakes). A woken step may find its
+    /// condition still false (another wake, a timeout, a crash): it suspends again.
+    ///
+    /// # Errors
+    ///
+    /// The reason the executor stopped ([`ExecutorError::Killed`],
+    /// [`ExecutorError::Store`], [`ExecutorError::ShutDown`]), if it stops before the
+    /// woken procedures persisted their wake-up.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: the wake-ups happen when the call is made; dropping the future only
+    /// stops waiting for them to be durable.
+    pub async fn wake(&self, event: &str) -> Result<usize, ExecutorError> {
+        self.running()?;
+        let acks = self.inner.wake(event);
+        let woken = acks.len();
+        for ack in acks {
+            tokio::select! {
+                acked = ack => {
+                    if acked.is_err() {
+                        // The procedure's task ended without persisting the wake-up.
+                        self.running()?;
+                    }
+                }
+                () = self.inner.stopping() => return Err(self.stop_reason()),
             }
         }
-        waiting.len()
+        Ok(woken)
     }
 
-    /// Asks procedure `id` to roll back. Honoured at its next step boundary where rollback
-    /// is supported (before a point of no return); a suspended procedure is woken for it.
+    /// Asks procedure `id` to roll back. Honoured where rollback is supported (before a
+    /// point of no return): at its next step boundary, or at once while it waits (for a
+    /// lock, an event, a retry or its children, which are stopped first). The rollback
+    /// undoes the current state too if its handler ran (it may have partly acted). A
+    /// running step is not cancelled.
+    ///
     /// The request is not persisted: if the process dies before the procedure honours it,
     /// ask again after the restart.
     ///
@@ -364,7 +312,9 @@ impl<E: Send + Sync + 'static> Executor<E> {
             .procs
             .get_mut(&id.get())
             .ok_or(ExecutorError::NotFound(id))?;
-        entry.abort = true;
+        entry
+            .abort
+            .get_or_insert_with(|| Error::fatal("aborted on request"));
         entry.wake.notify_one();
         Ok(())
     }
@@ -429,10 +379,11 @@ impl<E: Send + Sync + 'static> Executor<E> {
     }
 
     fn running(&self) -> Result<(), ExecutorError> {
-        match self.inner.mode() {
-            Mode::Running => Ok(()),
-            Mode::ShuttingDown => Err(ExecutorError::ShutDown),
-            Mode::Halted(reason) => Err(reason),
-        }
+        self.inner.running()
+    }
+
+    /// Why the executor is not running (or [`ExecutorError::ShutDown`] if it still is).
+    fn stop_reason(&self) -> ExecutorError {
+        self.running().err().unwrap_or(ExecutorError::ShutDown)
     }
 }

@@ -1,6 +1,7 @@
 //! What the executor reports about a procedure.
 
 use crate::{Error, ProcedureId};
+use std::time::SystemTime;
 
 /// Where a procedure is in its life.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,6 +17,19 @@ pub enum Status {
     Suspended {
         /// The event's name.
         event: String,
+    },
+    /// Its current step failed for good and it cannot roll back: past a point of no
+    /// return (`#[no_rollback]`) the step fails fatally or has spent its retry budget, or
+    /// the store refuses even the record of its rollback. It stays live, at its last
+    /// stored step, and keeps retrying with capped backoff until the step succeeds or an
+    /// operator acts. `wait` does not return while it is stuck.
+    Stuck {
+        /// The last failure of the step.
+        error: Error,
+        /// When it became stuck.
+        since: SystemTime,
+        /// Failed attempts of the current step so far.
+        attempts: u32,
     },
     /// Undoing its completed steps after a failure.
     RollingBack,

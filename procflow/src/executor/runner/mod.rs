@@ -1,0 +1,593 @@
+//! One task per live procedure: wait for what it waits for, run a step, persist, repeat.
+//!
+//! - this module: the loop, one step, and what a step's outcome does to the procedure;
+//! - [`waits`]: waiting for locks, events and retries, and what interrupts a wait (an
+//!   abort, the procedure's deadline);
+//! - [`children`]: starting children, waiting for them, stopping and undoing them.
+
+mod children;
+mod waits;
+
+use super::erased::{DynProcedure, DynProgress};
+use super::error::ExecutorError;
+use super::hooks::WriteKind;
+use super::inner::{Entry, Inner};
+use super::record::{Envelope, Wait, now_ms};
+use super::status::{ProcedureInfo, Status};
+use super::wakes::StepStart;
+use crate::locks::{Hold, Locks};
+use crate::{Context, Error, Phase, ProcedureId};
+use futures_util::FutureExt;
+use procflow_store::Batch;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Instant, SystemTime};
+use tokio::sync::{Notify, watch};
+use tracing::Instrument;
+
+/// The task stops without touching the store again: the executor is halting or shutting
+/// down (the procedure resumes at the next start), or a write was refused (then
+/// [`Runner::refused`] says why, and the loop goes on from the last stored step).
+pub(crate) struct Exit;
+
+/// What [`launch`] needs to start a procedure's task.
+pub(crate) struct Launch<E> {
+    pub(crate) id: u64,
+    pub(crate) parent: Option<u64>,
+    /// Parent, grandparent… (for locks a child may share with its ancestors).
+    pub(crate) ancestors: Vec<u64>,
+    pub(crate) procedure: Box<dyn DynProcedure<E>>,
+    pub(crate) envelope: Envelope,
+    /// Whether the current state's handler may have run already (see [`Runner::acted`]).
+    pub(crate) acted: bool,
+    /// Whether its locks were given back to it already (held for life before a restart).
+    pub(crate) holding: bool,
+}
+
+/// Adds the procedure to the table (if it is not there yet) and starts its task.
+pub(crate) fn launch<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, launch: Launch<E>) {
+    let wake = insert_entry(inner, &launch);
+    start(inner, launch, wake);
+}
+
+/// Spawns the task of a procedure whose table entry exists (`wake` is its signal).
+pub(crate) fn start<E: Send + Sync + 'static>(
+    inner: &Arc<Inner<E>>,
+    launch: Launch<E>,
+    wake: Arc<Notify>,
+) {
+    let span = tracing::info_span!(
+        "procedure",
+        id = launch.id,
+        machine = launch.procedure.machine()
+    );
+    let runner = Runner {
+        ctx: Context::new(ProcedureId::new(launch.id), Arc::clone(&inner.env)),
+        inner: Arc::clone(inner),
+        id: launch.id,
+        parent: launch.parent,
+        ancestors: launch.ancestors,
+        locks: launch.procedure.locks().map_err(Error::fatal_from),
+        holding: launch.holding,
+        procedure: launch.procedure,
+        envelope: launch.envelope,
+        wake,
+        attempts: 0,
+        last_error: None,
+        acted: launch.acted,
+        stuck_since: None,
+        stopping_children: None,
+        refused: None,
+        refusing: false,
+    };
+    inner.tasks.spawn(runner.run().instrument(span));
+}
+
+/// The table entry for a procedure, created if missing; returns its wake-up signal.
+pub(crate) fn insert_entry<E>(inner: &Inner<E>, launch: &Launch<E>) -> Arc<Notify> {
+    let info = launch.info();
+    let mut table = inner.table();
+    insert_entry_locked(&mut table, launch, info)
+}
+
+impl<E> Launch<E> {
+    /// The public snapshot of the procedure about to start.
+    fn info(&self) -> ProcedureInfo {
+        describe(
+            self.id,
+            self.parent,
+            self.procedure.as_ref(),
+            &self.envelope,
+            None,
+        )
+    }
+}
+
+fn insert_entry_locked<E>(
+    table: &mut super::inner::Table,
+    launch: &Launch<E>,
+    info: ProcedureInfo,
+) -> Arc<Notify> {
+    let entry = table.procs.entry(launch.id).or_insert_with(|| Entry {
+        info: watch::Sender::new(info),
+        wake: Arc::new(Notify::new()),
+        abort: None,
+        wake_acks: Vec::new(),
+        nonce: launch.envelope.nonce.clone(),
+        finished_ms: launch.envelope.finished_ms,
+    });
+    Arc::clone(&entry.wake)
+}
+
+/// The public snapshot of a procedure.
+pub(crate) fn describe<E>(
+    id: u64,
+    parent: Option<u64>,
+    procedure: &dyn DynProcedure<E>,
+    envelope: &Envelope,
+    last_error: Option<&Error>,
+) -> ProcedureInfo {
+    // The end is reported once it is recorded (`finished_ms` is set by the `Finish`
+    // write): until then a procedure whose last step ended it is still finishing.
+    let ended = envelope.finished_ms.is_some();
+    let (status, cause) = match (procedure.phase(), &envelope.wait) {
+        (_, Wait::Children(_)) if !ended => (Status::WaitingChildren, None),
+        (_, Wait::Event { name, .. }) if !ended => (
+            Status::Suspended {
+                event: name.clone(),
+            },
+            None,
+        ),
+        (Phase::Running, _) => (Status::Runnable, None),
+        (Phase::RollingBack { cause }, _) => (Status::RollingBack, Some(cause)),
+        (Phase::Succeeded, _) if !ended => (Status::Runnable, None),
+        (Phase::RolledBack { cause } | Phase::Failed { cause }, _) if !ended => {
+            (Status::RollingBack, Some(cause))
+        }
+        (Phase::Succeeded, _) => (Status::Succeeded, None),
+        (Phase::RolledBack { cause }, _) => (Status::RolledBack, Some(cause)),
+        (Phase::Failed { cause }, _) => (Status::Failed, Some(cause)),
+    };
+    ProcedureInfo {
+        id: ProcedureId::new(id),
+        parent: parent.map(ProcedureId::new),
+        machine: procedure.machine(),
+        status,
+        state: procedure.state(),
+        steps: procedure.steps(),
+        error: cause.or(last_error).cloned(),
+    }
+}
+
+struct Runner<E> {
+    inner: Arc<Inner<E>>,
+    id: u64,
+    parent: Option<u64>,
+    /// Parent, grandparent…: a child may take locks they hold.
+    ancestors: Vec<u64>,
+    /// What it declared (or why that failed), and whether it holds them now.
+    locks: Result<Locks, Error>,
+    holding: bool,
+    procedure: Box<dyn DynProcedure<E>>,
+    envelope: Envelope,
+    ctx: Context<E>,
+    wake: Arc<Notify>,
+    /// Failures of the current step in a row.
+    attempts: u32,
+    /// The last error of a step being retried, for observers.
+    last_error: Option<Error>,
+    /// Whether the current state's handler ran since the procedure entered it, so it may
+    /// have partly acted: an abort or timeout then undoes it too. After a restart this is
+    /// not known, and assumed (undo handlers are idempotent; undoing is the safe side).
+    acted: bool,
+    /// Past a point of no return, since when the current step keeps failing.
+    stuck_since: Option<SystemTime>,
+    /// Why the children of the current spawn are being stopped (one of them failed, or
+    /// this procedure was aborted or timed out while they ran).
+    stopping_children: Option<Error>,
+    /// A write the store refused: the procedure went back to its last stored step, and
+    /// the next turn fails that step with this error.
+    refused: Option<Error>,
+    /// Whether the rollback started after a refused write is being stored (a second
+    /// refusal then keeps the procedure stuck instead of looping).
+    refusing: bool,
+}
+
+impl<E: Send + Sync + 'static> Runner<E> {
+    async fn run(mut self) {
+        let inner = Arc::clone(&self.inner);
+        // Only root procedures take a running slot: a child runs on its root's behalf, so a
+        // full executor can never wait on children that cannot start.
+        let _slot = if self.parent.is_none() {
+            tokio::select! {
+                permit = inner.running.acquire() => permit.ok(),
+                () = inner.stopping() => return,
+            }
+        } else {
+            None
+        };
+        while self.turn().await.is_ok() || (self.refused.is_some() && inner.is_running()) {}
+        self.release_locks();
+    }
+
+    /// One turn of the loop: finish, wait, or run one step.
+    async fn turn(&mut self) -> Result<(), Exit> {
+        if !self.inner.is_running() {
+            return Err(Exit);
+        }
+        if let Some(error) = self.refused.take() {
+            return self.fail_refused(error).await;
+        }
+        // Waits first: a step that spawned children has already moved to the state after
+        // them, which may be terminal; the procedure ends only once they have.
+        match &self.envelope.wait {
+            Wait::Ready => {}
+            Wait::Children(_) => return self.await_children().await,
+            Wait::Event { .. } => return self.await_event().await,
+        }
+        if let Some(spawn) = self.spawn_to_undo() {
+            return self.undo_children(spawn).await;
+        }
+        if let Some(cause) = self.interruption() {
+            return self.interrupt(cause).await;
+        }
+        if self.procedure.phase().is_finished() {
+            self.finish().await?;
+            return Err(Exit);
+        }
+        if let (Err(error), Phase::Running) = (&self.locks, self.procedure.phase()) {
+            // The procedure cannot say what it locks: it must not run a forward step.
+            let error = error.clone();
+            return self.on_failure(error).await;
+        }
+        if !self.take_locks().await? {
+            return Ok(()); // Interrupted while waiting: it is rolling back now.
+        }
+        let progress = self.run_step().await?;
+        if self.inner.is_halted() {
+            // Killed while the step ran: its effect happened, its result is not persisted.
+            return Err(Exit);
+        }
+        let result = match progress {
+            Some(progress) => self.after_step(progress).await,
+            None => {
+                self.interrupt(waits::timed_out(self.procedure.state()))
+                    .await
+            }
+        };
+        if matches!(&self.locks, Ok(locks) if locks.hold() == Hold::PerStep) {
+            self.release_locks();
+        }
+        result
+    }
+
+    fn release_locks(&mut self) {
+        if self.holding {
+            self.inner.locks.release(self.id);
+            self.holding = false;
+        }
+    }
+
+    async fn after_step(&mut self, progress: DynProgress) -> Result<(), Exit> {
+        match progress {
+            DynProgress::Moved => {
+                self.succeeded();
+                self.acted = false;
+                if self.procedure.phase().is_finished() {
+                    // The step reached a terminal state: the next turn writes it together
+                    // with the end (`Finish`), one durable write instead of two. A crash
+                    // before that write runs this last step again, as for any step.
+                    return Ok(());
+                }
+                self.persist(WriteKind::Step).await
+            }
+            DynProgress::Spawned(children) => {
+                self.succeeded();
+                self.acted = false;
+                self.spawn(children).await
+            }
+            DynProgress::Suspended { event, timeout } => {
+                // `run_step` registered it as waiting for `event` already.
+                self.succeeded();
+                let until_ms = timeout.map(|t| {
+                    now_ms().saturating_add(u64::try_from(t.as_millis()).unwrap_or(u64::MAX))
+                });
+                self.envelope.wait = Wait::Event {
+                    name: event,
+                    until_ms,
+                };
+                self.persist(WriteKind::Suspend).await
+            }
+            DynProgress::Yielded => {
+                tokio::task::yield_now().await;
+                Ok(())
+            }
+            DynProgress::RolledBack => {
+                self.succeeded();
+                self.persist(WriteKind::Rollback).await
+            }
+            DynProgress::Failed(error) => self.on_failure(error).await,
+            DynProgress::Finished => Ok(()),
+        }
+    }
+
+    fn succeeded(&mut self) {
+        self.attempts = 0;
+        self.last_error = None;
+        self.stuck_since = None;
+    }
+
+    /// Runs the current step on a worker, catching panics. `None`: the procedure's deadline
+    /// passed while it ran, and the step was cancelled (its future dropped at its next
+    /// `.await`, as a crash would stop it); the caller rolls back, undoing this state too.
+    /// An abort request never cancels a step: it is honoured when the step returns.
+    async fn run_step(&mut self) -> Result<Option<DynProgress>, Exit> {
+        let permit = tokio::select! {
+            permit = self.inner.workers.acquire() => permit.map_err(|_| Exit)?,
+            () = self.inner.stopping() => return Err(Exit),
+        };
+        let state = self.procedure.state();
+        let machine = self.procedure.machine();
+        let started = Instant::now();
+        let start = self.inner.wake_log.begin_step();
+        // From here on the state may have acted, whatever the step returns.
+        self.acted = true;
+        let deadline = self.deadline_timer();
+        let span = tracing::info_span!("step", state, steps = self.procedure.steps());
+        let step = AssertUnwindSafe(self.procedure.step(&self.ctx))
+            .catch_unwind()
+            .instrument(span);
+        let outcome = tokio::select! {
+            outcome = step => Some(outcome),
+            () = deadline => None,
+        };
+        drop(permit);
+        metrics::histogram!("procflow_step_seconds", "machine" => machine)
+            .record(started.elapsed().as_secs_f64());
+        let Some(outcome) = outcome else {
+            tracing::warn!(state, "deadline passed while the step ran; step cancelled");
+            self.inner.wake_log.end_step(start);
+            return Ok(None);
+        };
+        let progress = outcome.unwrap_or_else(|panic| {
+            let message = panic_message(panic.as_ref());
+            tracing::error!(state, %message, "step panicked");
+            DynProgress::Failed(Error::fatal(format!("step `{state}` panicked: {message}")))
+        });
+        let progress = self.suspend_unless_woken(progress, start);
+        self.inner.wake_log.end_step(start);
+        Ok(Some(progress))
+    }
+
+    /// A step that suspends on an event that was woken while it ran runs again instead
+    /// of waiting (the wake is not lost); otherwise it is registered as waiting, before
+    /// anyone can see it suspended.
+    fn suspend_unless_woken(&self, progress: DynProgress, start: StepStart) -> DynProgress {
+        let DynProgress::Suspended { event, .. } = &progress else {
+            return progress;
+        };
+        // Under the table's lock, as `wake` records and notifies: no wake falls between
+        // the check and the registration.
+        let mut table = self.inner.table();
+        if self.inner.wake_log.woken_since(event, start) {
+            tracing::debug!(event, "woken while the step ran; running it again");
+            return DynProgress::Yielded;
+        }
+        table.listen(event, self.id);
+        progress
+    }
+
+    async fn on_failure(&mut self, error: Error) -> Result<(), Exit> {
+        self.attempts += 1;
+        let config = &self.inner.config;
+        if let Phase::RollingBack { cause } = self.procedure.phase() {
+            if self.attempts >= config.rollback_retry.max_attempts {
+                tracing::error!(%error, "rollback step keeps failing; giving up");
+                let cause = cause.clone();
+                self.procedure.fail(cause);
+                self.attempts = 0;
+                return Ok(());
+            }
+            let delay = config.rollback_retry.delay(self.attempts);
+            return self.retry_later(error, delay).await;
+        }
+        let spent = self.attempts >= config.retry.max_attempts;
+        let delay = config.retry.delay(self.attempts);
+        match self.procedure.fail_forward(error, spent) {
+            Ok(()) => {
+                tracing::info!(cause = ?self.procedure.phase(), "rolling back");
+                self.succeeded();
+                if self.procedure.phase().is_finished() {
+                    return Ok(()); // Nothing to undo: the next turn finishes.
+                }
+                self.persist(WriteKind::Rollback).await
+            }
+            Err(error) => {
+                if !error.is_retryable() || spent {
+                    // Only past a point of no return does a fatal error come back here.
+                    self.become_stuck(&error);
+                }
+                self.retry_later(error, delay).await
+            }
+        }
+    }
+
+    /// The step failed for good and the procedure cannot roll back (past a point of no
+    /// return, or its rollback cannot be stored): it is retried (capped backoff) and
+    /// reported [`Status::Stuck`] until it succeeds or an operator acts.
+    fn become_stuck(&mut self, error: &Error) {
+        if self.stuck_since.is_none() {
+            self.stuck_since = Some(SystemTime::now());
+            tracing::error!(%error, state = self.procedure.state(), "procedure stuck past its point of no return; retrying");
+            metrics::counter!("procflow_stuck_total", "machine" => self.procedure.machine())
+                .increment(1);
+        }
+    }
+
+    /// The store refused a write: the procedure is back at its last stored step. Its
+    /// current step fails with `error`, as a fatal step error does, except that the
+    /// state is undone too (it acted; only its result could not be stored).
+    ///
+    /// If even that cannot be stored (the rollback's record is refused too), the
+    /// procedure is kept as it is stored: reported [`Status::Stuck`], it runs the step
+    /// again after a backoff, until the store takes it or an operator acts.
+    async fn fail_refused(&mut self, error: Error) -> Result<(), Exit> {
+        if std::mem::take(&mut self.refusing) {
+            self.attempts += 1;
+            self.become_stuck(&error);
+            let delay = self.inner.config.retry.delay(self.attempts);
+            return self.retry_later(error, delay).await;
+        }
+        if !self.may_roll_back() {
+            return self.on_failure(error).await;
+        }
+        self.refusing = true;
+        self.procedure.interrupt(error, true);
+        self.persist(WriteKind::Rollback).await?;
+        self.refusing = false;
+        Ok(())
+    }
+
+    async fn finish(&mut self) -> Result<(), Exit> {
+        self.envelope.finished_ms = Some(now_ms());
+        self.envelope.wait = Wait::Ready;
+        let value = self.encode().await?;
+        self.commit(WriteKind::Finish, Batch::new().finish(self.id, value))
+            .await?;
+        self.release_locks();
+        let info = self.info();
+        let counter = match info.status {
+            Status::Succeeded => "procflow_succeeded_total",
+            Status::RolledBack => "procflow_rolled_back_total",
+            _ => "procflow_failed_total",
+        };
+        metrics::counter!(counter, "machine" => info.machine).increment(1);
+        tracing::info!(status = ?info.status, steps = info.steps, "procedure finished");
+        // The slot is free before anyone can see the end: a caller woken by `wait` may
+        // submit at once.
+        if self.parent.is_none() {
+            self.inner.live_roots.fetch_sub(1, Ordering::AcqRel);
+        }
+        let mut table = self.inner.table();
+        if let Some(entry) = table.procs.get_mut(&self.id) {
+            entry.finished_ms = self.envelope.finished_ms;
+            entry.info.send_replace(info);
+        }
+        if let Some(parent) = self.parent.and_then(|parent| table.procs.get(&parent)) {
+            parent.wake.notify_one();
+        }
+        Ok(())
+    }
+
+    async fn persist(&mut self, kind: WriteKind) -> Result<(), Exit> {
+        let value = self.encode().await?;
+        self.commit(kind, Batch::new().put(self.id, self.parent, value))
+            .await?;
+        self.publish();
+        Ok(())
+    }
+
+    // `&mut self`: a shared `&Runner` is not `Send` (the boxed procedure is not `Sync`).
+    async fn commit(&mut self, kind: WriteKind, batch: Batch) -> Result<(), Exit> {
+        match self.inner.commit(self.id, kind, batch).await {
+            Ok(()) => Ok(()),
+            Err(ExecutorError::Rejected(error)) => {
+                self.reload_after_refusal(format!("the store refused it: {error}"))
+                    .await?;
+                Err(Exit)
+            }
+            Err(_) => Err(Exit),
+        }
+    }
+
+    /// The store refused this procedure's new state (too large): nothing of the write
+    /// happened. Goes back to the last stored step, the one a restart would resume, and
+    /// leaves the failure for the next turn ([`Runner::refused`]): the procedure ends
+    /// durably (rolled back) or, past a point of no return, is stuck; it never looks
+    /// ended while it lives on in the store.
+    async fn reload_after_refusal(&mut self, why: String) -> Result<(), Exit> {
+        tracing::error!(%why, "procedure state cannot be stored; back to its last stored step");
+        let record = match self.inner.store.get(self.id).await {
+            Ok(Some(record)) => record,
+            Ok(None) => {
+                self.inner.halt(ExecutorError::Metadata {
+                    key: format!("procedure #{} is missing from the store", self.id),
+                });
+                return Err(Exit);
+            }
+            Err(error) => {
+                self.inner.halt(ExecutorError::Store(Arc::new(error)));
+                return Err(Exit);
+            }
+        };
+        let reloaded = Envelope::decode(&record.value).and_then(|(envelope, snapshot)| {
+            let procedure = self
+                .inner
+                .registry
+                .load(snapshot)
+                .map_err(|(_, reason)| reason)?;
+            Ok((envelope, procedure))
+        });
+        let (mut envelope, procedure) = match reloaded {
+            Ok(parts) => parts,
+            Err(reason) => {
+                self.inner.halt(ExecutorError::Metadata {
+                    key: format!("procedure #{} cannot be read back: {reason}", self.id),
+                });
+                return Err(Exit);
+            }
+        };
+        // Whatever it waited for then is over: it went on to the step that was refused.
+        envelope.wait = Wait::Ready;
+        self.envelope = envelope;
+        self.procedure = procedure;
+        self.acted = true;
+        self.refused = Some(Error::fatal(format!(
+            "this procedure's new state cannot be stored ({why})"
+        )));
+        Ok(())
+    }
+
+    /// The stored form of the procedure. Data that cannot be serialized cannot be made
+    /// durable: the procedure goes back to its last stored step, as for a refused write.
+    async fn encode(&mut self) -> Result<Vec<u8>, Exit> {
+        match self.envelope.encode(|out| self.procedure.encode_into(out)) {
+            Ok(value) => Ok(value),
+            Err(error) => {
+                self.reload_after_refusal(error.to_string()).await?;
+                Err(Exit)
+            }
+        }
+    }
+
+    fn info(&self) -> ProcedureInfo {
+        let mut info = describe(
+            self.id,
+            self.parent,
+            self.procedure.as_ref(),
+            &self.envelope,
+            self.last_error.as_ref(),
+        );
+        if let (Some(since), Some(error)) = (self.stuck_since, &self.last_error) {
+            info.status = Status::Stuck {
+                error: error.clone(),
+                since,
+                attempts: self.attempts,
+            };
+        }
+        info
+    }
+
+    fn publish(&self) {
+        self.inner.publish(self.info());
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-string panic payload".to_owned())
+}

@@ -1,0 +1,210 @@
+//! Waiting — for locks, an event, a retry — and what cuts a wait short.
+//!
+//! Until a procedure is past its point of no return, an abort request or its deadline
+//! ends it wherever it is: at a step boundary, or while it waits for a lock, an event,
+//! children or a retry. A running step is never cancelled: it finishes, and the
+//! interruption is honoured when it returns. Either way the rollback undoes the current
+//! state too when its handler ran ([`Runner::acted`]), since it may have partly acted.
+
+use super::{Exit, Runner};
+use crate::executor::hooks::WriteKind;
+use crate::executor::record::{Wait, now_ms};
+use crate::executor::status::{ProcedureInfo, Status};
+use crate::{Error, Phase};
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+impl<E: Send + Sync + 'static> Runner<E> {
+    /// Whether an abort or the deadline may still end the procedure by rolling it back:
+    /// it runs forward (or its last step ended it, but the end is not recorded yet) and
+    /// it is not past a point of no return.
+    pub(super) fn may_roll_back(&self) -> bool {
+        let forward = match self.procedure.phase() {
+            Phase::Running => true,
+            Phase::Succeeded => self.envelope.finished_ms.is_none(),
+            _ => false,
+        };
+        forward && !self.procedure.past_point_of_no_return()
+    }
+
+    /// Why the procedure must stop now, if it must: an abort was asked for, or its
+    /// deadline passed.
+    pub(super) fn interruption(&self) -> Option<Error> {
+        if !self.may_roll_back() {
+            return None;
+        }
+        let aborted = self
+            .inner
+            .table()
+            .procs
+            .get(&self.id)
+            .and_then(|entry| entry.abort.clone());
+        aborted.or_else(|| {
+            self.envelope
+                .deadline_ms
+                .is_some_and(|deadline| now_ms() >= deadline)
+                .then(|| timed_out(self.procedure.state()))
+        })
+    }
+
+    /// Starts the rollback after an interruption and persists it.
+    pub(super) async fn interrupt(&mut self, cause: Error) -> Result<(), Exit> {
+        tracing::info!(%cause, state = self.procedure.state(), "interrupted; rolling back");
+        self.procedure.interrupt(cause, self.acted);
+        self.envelope.wait = Wait::Ready;
+        self.succeeded();
+        self.persist(WriteKind::Rollback).await
+    }
+
+    /// Resolves when the deadline passes, if the procedure has one that still applies.
+    pub(super) fn deadline_timer(&self) -> impl Future<Output = ()> + use<E> {
+        let left = self
+            .envelope
+            .deadline_ms
+            .filter(|_| self.may_roll_back())
+            .map(|deadline| Duration::from_millis(deadline.saturating_sub(now_ms())));
+        async move {
+            match left {
+                Some(left) => tokio::time::sleep(left).await,
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Waits for `until`, unless an abort or the deadline interrupts first (`Ok(Err)`,
+    /// with the cause, for the caller to act on).
+    async fn wait_or_interrupt<T>(
+        &mut self,
+        until: impl Future<Output = T>,
+    ) -> Result<Result<T, Error>, Exit> {
+        tokio::pin!(until);
+        loop {
+            if let Some(cause) = self.interruption() {
+                return Ok(Err(cause));
+            }
+            // A wake-up here is an abort request (or a stale signal): look again.
+            tokio::select! {
+                out = &mut until => return Ok(Ok(out)),
+                () = self.wake.notified() => {}
+                () = self.deadline_timer() => {}
+                () = self.inner.stopping() => return Err(Exit),
+            }
+        }
+    }
+
+    /// Waits (parked, without a worker) until the declared locks are granted. Returns
+    /// `false` when an abort or the deadline interrupted the wait: the procedure is then
+    /// rolling back.
+    pub(super) async fn take_locks(&mut self) -> Result<bool, Exit> {
+        let Ok(locks) = &self.locks else {
+            return Ok(true);
+        };
+        if self.holding || locks.locks().is_empty() {
+            return Ok(true);
+        }
+        let wanted = locks.locks().to_vec();
+        let inner = Arc::clone(&self.inner);
+        let waited = {
+            let acquire = inner.locks.acquire(self.id, &self.ancestors, &wanted);
+            tokio::pin!(acquire);
+            // Poll once first: that queues the request (or grants it), so a procedure
+            // reported waiting is already in line, first come, first served.
+            let granted = tokio::select! {
+                biased;
+                () = &mut acquire => true,
+                () = std::future::ready(()) => false,
+            };
+            if granted {
+                Ok(())
+            } else {
+                self.inner.publish(ProcedureInfo {
+                    status: Status::WaitingForLock,
+                    ..self.info()
+                });
+                // Interrupted: dropping the request at the end of this block takes it out
+                // of the queue (or undoes a grant that raced with the interruption).
+                self.wait_or_interrupt(&mut acquire).await?
+            }
+        };
+        if let Err(cause) = waited {
+            self.interrupt(cause).await?;
+            return Ok(false);
+        }
+        self.holding = true;
+        Ok(true)
+    }
+
+    /// Waits out a retry's backoff; an abort or the deadline rolls back at once.
+    pub(super) async fn retry_later(&mut self, error: Error, delay: Duration) -> Result<(), Exit> {
+        tracing::debug!(%error, attempt = self.attempts, ?delay, "retrying step");
+        self.last_error = Some(error);
+        self.publish();
+        match self.wait_or_interrupt(tokio::time::sleep(delay)).await? {
+            Ok(()) => Ok(()),
+            Err(cause) => self.interrupt(cause).await,
+        }
+    }
+
+    /// Suspended: waits for a wake of its event, its timeout, an abort or the deadline.
+    /// The wake-up is persisted before the step runs again, and callers of `wake` waiting
+    /// for that are told.
+    pub(super) async fn await_event(&mut self) -> Result<(), Exit> {
+        let Wait::Event { name, until_ms } = self.envelope.wait.clone() else {
+            return Ok(());
+        };
+        // Registered already (when it suspended, or when the executor loaded it); again
+        // after a wake of another procedure's event only consumed a stale signal.
+        self.inner.table().listen(&name, self.id);
+        self.publish();
+        let timeout = async {
+            match until_ms {
+                Some(until) => {
+                    tokio::time::sleep(Duration::from_millis(until.saturating_sub(now_ms()))).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(timeout);
+        let interrupted = loop {
+            if let Some(cause) = self.interruption() {
+                break Some(cause);
+            }
+            tokio::select! {
+                // Woken for its event, or for an abort: tell them apart.
+                () = self.wake.notified() => break self.interruption(),
+                () = &mut timeout => break None,
+                () = self.deadline_timer() => {}
+                () = self.inner.stopping() => return Err(Exit),
+            }
+        };
+        self.inner.table().stop_listening(&name, self.id);
+        match interrupted {
+            Some(cause) => self.interrupt(cause).await?,
+            None => {
+                self.envelope.wait = Wait::Ready;
+                // Durable: a crash after this runs the step again instead of waiting for
+                // an event that already came.
+                self.persist(WriteKind::Suspend).await?;
+            }
+        }
+        self.ack_wakes();
+        Ok(())
+    }
+
+    /// Tells every `wake` caller waiting on this procedure that its wake-up is durable.
+    fn ack_wakes(&self) {
+        let acks = match self.inner.table().procs.get_mut(&self.id) {
+            Some(entry) => std::mem::take(&mut entry.wake_acks),
+            None => return,
+        };
+        for ack in acks {
+            let _ = ack.send(()); // A caller that stopped waiting does not mind.
+        }
+    }
+}
+
+/// The error a procedure whose deadline passed rolls back with.
+pub(super) fn timed_out(state: &str) -> Error {
+    Error::fatal(format!("procedure timed out (in step `{state}`)"))
+}

@@ -1,0 +1,211 @@
+//! Submitting a procedure: cancel safe, one procedure per nonce, ids never reused.
+//!
+//! The caller's future does the parts that leave nothing behind when dropped (encoding,
+//! claiming the nonce, taking an id); the write and the start happen in a task of the
+//! executor, which a dropped caller does not cancel. So a submit either never happened or
+//! runs to its end, and a nonce always finds the one procedure it made.
+
+use super::SubmitOptions;
+use super::error::{ExecutorError, SubmitError};
+use super::hooks::WriteKind;
+use super::inner::{Inner, Reservation};
+use super::record::{Envelope, NONCE_PREFIX, now_ms};
+use super::runner::{self, Launch};
+use crate::instance::Instance;
+use crate::{Cursor, ProcedureId, StateMachine};
+use procflow_store::Batch;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use tokio::sync::Notify;
+
+/// See [`Executor::submit_with`](super::Executor::submit_with).
+pub(super) async fn submit<M, E>(
+    inner: &Arc<Inner<E>>,
+    procedure: M::Procedure,
+    options: SubmitOptions,
+) -> Result<ProcedureId, SubmitError>
+where
+    M: StateMachine<Env = E>,
+    E: Send + Sync + 'static,
+{
+    inner.running()?;
+    if !inner.registry.contains(M::NAME) {
+        return Err(SubmitError::NotRegistered(M::NAME));
+    }
+    let instance = Instance::<M> {
+        procedure,
+        cursor: Cursor::new(),
+    };
+    let deadline_ms = options
+        .timeout
+        .map(|t| now_ms().saturating_add(u64::try_from(t.as_millis()).unwrap_or(u64::MAX)));
+    let envelope = Envelope::new(options.nonce.clone(), deadline_ms);
+    let value = envelope
+        .encode(|out| crate::codec::encode_into(&instance.procedure, &instance.cursor, out))?;
+    let claim = match &options.nonce {
+        Some(nonce) => match claim_nonce(inner, nonce).await? {
+            Claimed::Existing(id) => return Ok(ProcedureId::new(id)),
+            Claimed::Mine(claim) => Some(claim),
+        },
+        None => None,
+    };
+    let (ids, reservation) = inner.allocate_ids(1).await;
+    admit(inner)?;
+    // Nothing is awaited from here to the spawn: the procedure counted in by `admit` is
+    // always either written and started, or counted out again, by the task.
+    let new = New {
+        id: ids[0],
+        reservation,
+        value,
+        envelope,
+        procedure: Box::new(instance),
+        claim,
+        machine: M::NAME,
+    };
+    let task = inner
+        .tasks
+        .spawn(persist_and_launch(Arc::clone(inner), new));
+    task.await
+        .unwrap_or_else(|_| Err(SubmitError::Executor(ExecutorError::ShutDown)))
+}
+
+/// A submitted procedure on its way to the store.
+struct New<E> {
+    id: u64,
+    reservation: Option<Reservation>,
+    value: Vec<u8>,
+    envelope: Envelope,
+    procedure: Box<dyn super::erased::DynProcedure<E>>,
+    claim: Option<NonceClaim<E>>,
+    machine: &'static str,
+}
+
+/// Writes the procedure (with its nonce) and starts it; counts it out if the write fails.
+async fn persist_and_launch<E: Send + Sync + 'static>(
+    inner: Arc<Inner<E>>,
+    new: New<E>,
+) -> Result<ProcedureId, SubmitError> {
+    let New {
+        id,
+        reservation,
+        value,
+        envelope,
+        procedure,
+        mut claim,
+        machine,
+    } = new;
+    let mut batch = Batch::new();
+    batch.ops.extend(reservation.as_ref().map(Reservation::op));
+    if let Some(nonce) = &envelope.nonce {
+        batch = batch.put_meta(format!("{NONCE_PREFIX}{nonce}"), id.to_le_bytes().to_vec());
+    }
+    let batch = batch.put(id, None, value);
+    if let Err(error) = inner.commit(id, WriteKind::Submit, batch).await {
+        inner.live_roots.fetch_sub(1, Ordering::AcqRel);
+        return Err(SubmitError::Executor(error));
+    }
+    if let Some(reservation) = reservation {
+        reservation.confirm(&inner);
+    }
+    metrics::counter!("procflow_submitted_total", "machine" => machine).increment(1);
+    runner::launch(
+        &inner,
+        Launch {
+            id,
+            parent: None,
+            ancestors: Vec::new(),
+            procedure,
+            envelope,
+            acted: false,
+            holding: false,
+        },
+    );
+    // The nonce names the procedure once it can be waited for.
+    if let Some(claim) = &mut claim {
+        claim.id = Some(id);
+    }
+    Ok(ProcedureId::new(id))
+}
+
+/// Counts a new root procedure in, or refuses it when the queue is full.
+fn admit<E>(inner: &Inner<E>) -> Result<(), SubmitError> {
+    let limit = inner
+        .config
+        .max_running
+        .saturating_add(inner.config.queue_capacity);
+    inner
+        .live_roots
+        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |live| {
+            (live < limit).then_some(live + 1)
+        })
+        .map(drop)
+        .map_err(|live| SubmitError::QueueFull { live })
+}
+
+enum Claimed<E> {
+    /// The nonce already names this procedure.
+    Existing(u64),
+    /// This submit makes the nonce's procedure.
+    Mine(NonceClaim<E>),
+}
+
+/// A nonce being submitted. Dropped, it records the procedure's id under the nonce (if
+/// it was made) and lets the submits waiting on the nonce look again.
+struct NonceClaim<E> {
+    inner: Arc<Inner<E>>,
+    nonce: String,
+    id: Option<u64>,
+}
+
+impl<E> Drop for NonceClaim<E> {
+    fn drop(&mut self) {
+        let mut table = self.inner.table();
+        if let Some(id) = self.id {
+            table.nonces.insert(self.nonce.clone(), id);
+        }
+        if let Some(done) = table.pending_nonces.remove(&self.nonce) {
+            done.notify_waiters();
+        }
+    }
+}
+
+/// The procedure `nonce` names, or the right to make it; waits while another submit
+/// with the same nonce is being persisted.
+async fn claim_nonce<E>(inner: &Arc<Inner<E>>, nonce: &str) -> Result<Claimed<E>, SubmitError> {
+    loop {
+        let done = {
+            let mut table = inner.table();
+            if let Some(&id) = table.nonces.get(nonce) {
+                return Ok(Claimed::Existing(id));
+            }
+            match table.pending_nonces.get(nonce) {
+                Some(done) => Arc::clone(done),
+                None => {
+                    table
+                        .pending_nonces
+                        .insert(nonce.to_owned(), Arc::new(Notify::new()));
+                    return Ok(Claimed::Mine(NonceClaim {
+                        inner: Arc::clone(inner),
+                        nonce: nonce.to_owned(),
+                        id: None,
+                    }));
+                }
+            }
+        };
+        let mut notified = pin!(done.notified());
+        notified.as_mut().enable();
+        // Still pending once registered? Then the other submit has not ended yet.
+        let pending = inner
+            .table()
+            .pending_nonces
+            .get(nonce)
+            .is_some_and(|current| Arc::ptr_eq(current, &done));
+        if pending {
+            tokio::select! {
+                () = notified => {}
+                () = inner.stopping() => inner.running()?,
+            }
+        }
+    }
+}
