@@ -101,8 +101,17 @@
 //!
 //! ## `#[no_rollback]`
 //!
-//! A point of no return: once the procedure enters this state, failures are retried with
-//! backoff instead of rolled back. Cannot be combined with `#[rollback]`.
+//! A point of no return: once the procedure enters this state, failures of this state and
+//! of the states after it are retried with backoff instead of rolled back (what came
+//! before cannot be undone once this state may have acted). A retryable failure is retried
+//! within the step's budget and reported `Runnable`; a fatal one, or a spent budget, makes
+//! the procedure [`Status::Stuck`](crate::executor::Status::Stuck): still retried, with
+//! capped backoff, and visible to `state`, `subscribe` and the `procflow_stuck_total`
+//! counter until the step succeeds or an operator acts. An abort or timeout no longer
+//! applies. Mark the *first* irreversible state; cannot be combined with `#[rollback]`.
+//!
+//! Here a failure of `Debit` rolls back; once `Credit` is entered, failures of `Credit`
+//! are retried (and `Stuck` if fatal).
 //!
 //! ```
 //! use procflow::prelude::*;

@@ -203,6 +203,19 @@ impl TestStore {
         }
     }
 
+    /// [`memory`](Self::memory) refusing what is over `limits`.
+    pub fn memory_with_limits(limits: Limits) -> Self {
+        Self {
+            store: Arc::new(KeepOpen(MemStore::with_limits(limits))),
+            dir: None,
+        }
+    }
+
+    /// Any store (without a directory: `reopen` keeps it as it is).
+    pub fn with(store: Arc<dyn Store>) -> Self {
+        Self { store, dir: None }
+    }
+
     /// A durable `WalStore` in a fresh temporary directory.
     pub fn wal() -> Self {
         let dir = tempfile::tempdir().unwrap();
