@@ -279,12 +279,20 @@ async fn p01_failing_child_stops_running_siblings_and_all_are_undone_before_the_
     for leaf in ["failing", "waiting", "slow"] {
         let undo = format!("{leaf} undo start");
         assert_eq!(ledger.count(&undo), 1, "{leaf}: {:?}", ledger.events());
-        assert!(position(&ledger, &undo) < parent_undo, "{:?}", ledger.events());
+        assert!(
+            position(&ledger, &undo) < parent_undo,
+            "{:?}",
+            ledger.events()
+        );
     }
     assert!(position(&ledger, "t undo spawn") < position(&ledger, "t undo prepare"));
     for child in executor.list().into_iter().filter(|i| i.parent == Some(id)) {
         assert!(child.status.is_finished(), "{child:?}");
-        assert_ne!(child.status, Status::Succeeded, "a sibling was left done: {child:?}");
+        assert_ne!(
+            child.status,
+            Status::Succeeded,
+            "a sibling was left done: {child:?}"
+        );
     }
 }
 
@@ -316,8 +324,16 @@ async fn p02_retention_keeps_grandchildren_of_a_live_root_for_its_rollback() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     ledger.push("root go");
     executor.wake("root").await.unwrap();
-    assert!(matches!(outcome(&executor, id).await, Outcome::RolledBack(_)));
-    assert_eq!(ledger.count("grandchild undo start"), 1, "{:?}", ledger.events());
+    assert!(matches!(
+        outcome(&executor, id).await,
+        Outcome::RolledBack(_)
+    ));
+    assert_eq!(
+        ledger.count("grandchild undo start"),
+        1,
+        "{:?}",
+        ledger.events()
+    );
     assert_eq!(ledger.count("child undo start"), 1, "{:?}", ledger.events());
 }
 
@@ -354,7 +370,10 @@ async fn p02_a_child_missing_for_undo_fails_the_parent_naming_it() {
     };
     let message = error.to_string();
     assert!(message.contains("cannot be found"), "{message}");
-    assert!(message.contains(&format!("#{}", child.id.get())), "{message}");
+    assert!(
+        message.contains(&format!("#{}", child.id.get())),
+        "{message}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -392,7 +411,10 @@ async fn p03_deadline_ends_a_procedure_waiting_for_children() {
         ..Tree::default()
     };
     let options = SubmitOptions::default().timeout(Duration::from_millis(200));
-    let id = executor.submit_with::<TreeState>(tree, options).await.unwrap();
+    let id = executor
+        .submit_with::<TreeState>(tree, options)
+        .await
+        .unwrap();
     let Outcome::RolledBack(error) = outcome(&executor, id).await else {
         panic!("expected a rollback");
     };
@@ -467,7 +489,10 @@ async fn p04_timeout_undoes_a_suspended_rollback_state() {
         .submit_with::<CounterState>(counter, options)
         .await
         .unwrap();
-    assert!(matches!(outcome(&executor, id).await, Outcome::RolledBack(_)));
+    assert!(matches!(
+        outcome(&executor, id).await,
+        Outcome::RolledBack(_)
+    ));
     let rollbacks: Vec<_> = ledger
         .events()
         .into_iter()
@@ -513,7 +538,11 @@ async fn p05_for_life_locks_are_restored_before_a_lower_id_waiter_runs() {
     let store = store.reopen();
     let executor = start(&store, &ledger).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert_eq!(ledger.count("waiter work"), 0, "the waiter ran inside the holder's life");
+    assert_eq!(
+        ledger.count("waiter work"),
+        0,
+        "the waiter ran inside the holder's life"
+    );
     assert_eq!(
         executor.held_locks(),
         [(holder, Lock::exclusive("t").unwrap())]
@@ -583,7 +612,10 @@ async fn p06_a_refused_write_ends_the_procedure_durably_before_its_locks_go() {
     };
     assert!(error.to_string().contains("cannot be stored"), "{error}");
     let stored = store.store.get(id.get()).await.unwrap().unwrap();
-    assert!(stored.finished, "`wait` said it ended, so the store must too");
+    assert!(
+        stored.finished,
+        "`wait` said it ended, so the store must too"
+    );
     assert_eq!(executor.held_locks(), []);
     executor.shutdown().await.unwrap();
     // A restart does not bring it back.
@@ -776,7 +808,10 @@ async fn p10_ids_are_never_reused_after_a_refused_batch_and_a_restart() {
         cleanup_interval: Duration::from_millis(10),
         ..test_config()
     };
-    let executor = builder(&store, &ledger, config.clone()).start().await.unwrap();
+    let executor = builder(&store, &ledger, config.clone())
+        .start()
+        .await
+        .unwrap();
     // Refused: it carried the first id reservation.
     let huge = Counter::named(&"x".repeat(400));
     assert!(executor.submit::<CounterState>(huge).await.is_err());

@@ -74,7 +74,7 @@ use tokio::sync::watch;
 /// snapshot (for `procflow::testing`).
 #[cfg(feature = "testing")]
 pub(crate) fn split_record(value: &[u8]) -> Result<((), &[u8]), String> {
-    Envelope::decode(value).map(|(_, snapshot)| ((), snapshot))
+    record::Envelope::decode(value).map(|(_, snapshot)| ((), snapshot))
 }
 
 /// Runs procedures; cheap to clone (all clones drive the same executor).

@@ -66,8 +66,9 @@ where
     let task = inner
         .tasks
         .spawn(persist_and_launch(Arc::clone(inner), new));
+    // A join error: the runtime is going away with the task.
     task.await
-        .unwrap_or_else(|_| Err(SubmitError::Executor(ExecutorError::ShutDown)))
+        .unwrap_or(Err(SubmitError::Executor(ExecutorError::ShutDown)))
 }
 
 /// A submitted procedure on its way to the store.
