@@ -741,18 +741,23 @@ async fn p08_a_wake_is_durable_once_wake_returns() {
 // ---------------------------------------------------------------------------------------
 // 9 and 10. Submits: cancel safe, one procedure per nonce, ids never reused.
 
-/// A `MemStore` whose commits take `delay_ms` (so a test can drop a submit mid-write).
+/// A `MemStore` whose commits take `delay` and, like the WAL's committer thread, land
+/// whether or not the caller still waits for them (so a test can drop a submit
+/// mid-write).
 struct SlowStore {
-    inner: MemStore,
+    inner: Arc<MemStore>,
     delay: Duration,
 }
 
 impl Store for SlowStore {
     fn commit(&self, batch: Batch) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async move {
-            tokio::time::sleep(self.delay).await;
-            self.inner.commit(batch).await
-        })
+        let inner = Arc::clone(&self.inner);
+        let delay = self.delay;
+        let write = tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            inner.commit(batch).await
+        });
+        Box::pin(async move { write.await.expect("the write task") })
     }
     fn load(&self) -> BoxFuture<'_, Result<Loaded, StoreError>> {
         self.inner.load()
@@ -774,7 +779,7 @@ impl Store for SlowStore {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p09_a_dropped_submit_never_makes_a_second_procedure_for_its_nonce() {
     let store = TestStore::with(Arc::new(SlowStore {
-        inner: MemStore::new(),
+        inner: Arc::new(MemStore::new()),
         delay: Duration::from_millis(100),
     }));
     let ledger = Ledger::default();

@@ -15,9 +15,10 @@ pub enum ExecutorError {
     #[error("store failure, executor stopped: {0}")]
     Store(Arc<StoreError>),
     /// The store refused one write (a value or batch over its limits): nothing was
-    /// written, the store is healthy and the executor goes on. A procedure whose state
-    /// cannot be persisted any more is reported failed and stops where its last
-    /// persisted step left it.
+    /// written, the store is healthy and the executor goes on. A submit refused so
+    /// returns this error; a running procedure whose new state is refused goes back to
+    /// its last stored step and rolls back from there (or, if even that cannot be stored,
+    /// stays live as [`Status::Stuck`](super::Status::Stuck)).
     #[error("the store refused the write: {0}")]
     Rejected(Arc<StoreError>),
     /// A kill hook (or [`Executor::kill`](super::Executor::kill)) stopped the executor.
