@@ -452,6 +452,35 @@ async fn p03_deadline_ends_a_procedure_waiting_for_a_lock() {
     assert_eq!(executor.lock_waiters(), [], "its request left the queue");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn p03_deadline_ends_a_procedure_queued_for_a_running_slot() {
+    let ledger = Ledger::default();
+    let config = Config {
+        max_running: 1,
+        ..test_config()
+    };
+    let executor = builder(&TestStore::memory(), &ledger, config)
+        .start()
+        .await
+        .unwrap();
+    let busy = Counter {
+        suspend_at: Some(1),
+        ..Counter::named("busy")
+    };
+    let busy = executor.submit::<CounterState>(busy).await.unwrap();
+    status_is(&executor, busy, |s| matches!(s, Status::Suspended { .. })).await;
+    let options = SubmitOptions::default().timeout(Duration::from_millis(200));
+    let queued = executor
+        .submit_with::<CounterState>(Counter::named("queued"), options)
+        .await
+        .unwrap();
+    let Outcome::RolledBack(error) = outcome(&executor, queued).await else {
+        panic!("expected a rollback");
+    };
+    assert!(error.to_string().contains("timed out"), "{error}");
+    assert_eq!(ledger.count("queued execute 1"), 0, "it never ran");
+}
+
 // ---------------------------------------------------------------------------------------
 // 4. A timeout undoes the state it interrupted (running or suspended).
 

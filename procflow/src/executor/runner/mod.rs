@@ -199,9 +199,12 @@ impl<E: Send + Sync + 'static> Runner<E> {
         let inner = Arc::clone(&self.inner);
         // Only root procedures take a running slot: a child runs on its root's behalf, so a
         // full executor can never wait on children that cannot start.
+        // A root whose deadline passes while it is queued rolls back at once, without a
+        // slot: the deadline ends a procedure wherever it waits.
         let _slot = if self.parent.is_none() {
             tokio::select! {
                 permit = inner.running.acquire() => permit.ok(),
+                () = self.deadline_timer() => None,
                 () = inner.stopping() => return,
             }
         } else {
