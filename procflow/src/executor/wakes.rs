@@ -7,116 +7,93 @@
 //! the generation it started at. A step that ends by suspending on `event` first asks
 //! whether `event` was woken after it started; if so it runs again instead of waiting.
 //!
-//! Only wakes that a running step may still need are kept: the log forgets a wake once
-//! every step that started before it has ended.
+//! Only wakes that a running step may still need are kept (see [`WakeLog`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-/// The smallest log worth pruning: below it, keeping stale entries costs less than
-/// scanning them.
-const PRUNE_FLOOR: usize = 64;
-
-/// Generations of recent wakes, and the steps running now.
+/// Generations of recent wakes, and how many steps run, by epoch.
+///
+/// A step costs two atomic increments and no lock: it counts itself in the current
+/// epoch's parity. A wake moves the epoch on once no step of the previous epoch runs,
+/// and forgets that epoch's wakes. So a running step's own epoch and the next one are
+/// never forgotten: between them they hold every wake since the step started.
 #[derive(Debug, Default)]
 pub(crate) struct WakeLog {
-    state: Mutex<State>,
-}
-
-#[derive(Debug)]
-struct State {
     /// The generation of the newest wake.
-    generation: u64,
-    /// Event → generation of its newest wake, for wakes a running step may need.
-    woken: HashMap<String, u64>,
-    /// Start generation → how many running steps started at it.
-    running: BTreeMap<u64, usize>,
-    /// Prune `woken` once it holds this many events (amortised: doubled after a prune
-    /// that kept most of them).
-    prune_at: usize,
-}
-
-impl Default for State {
-    fn default() -> Self {
-        Self {
-            generation: 0,
-            woken: HashMap::new(),
-            running: BTreeMap::new(),
-            prune_at: PRUNE_FLOOR,
-        }
-    }
+    generation: AtomicU64,
+    epoch: AtomicU64,
+    /// Steps running, by the parity of the epoch they started in.
+    running: [AtomicUsize; 2],
+    /// Event → generation of its newest wake, by the parity of the epoch it came in.
+    woken: Mutex<[HashMap<String, u64>; 2]>,
 }
 
 /// A running step's place in the log; give it back with [`WakeLog::end_step`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct StepStart(u64);
+pub(crate) struct StepStart {
+    epoch: u64,
+    generation: u64,
+}
+
+fn parity(epoch: u64) -> usize {
+    usize::from(epoch % 2 == 1)
+}
 
 impl WakeLog {
-    fn state(&self) -> MutexGuard<'_, State> {
-        // Every method leaves the state consistent between statements.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn woken(&self) -> MutexGuard<'_, [HashMap<String, u64>; 2]> {
+        // Every method leaves the maps consistent between statements.
+        self.woken.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Records that a step starts now.
     pub(crate) fn begin_step(&self) -> StepStart {
-        let mut state = self.state();
-        let at = state.generation;
-        *state.running.entry(at).or_default() += 1;
-        StepStart(at)
+        loop {
+            let epoch = self.epoch.load(SeqCst);
+            self.running[parity(epoch)].fetch_add(1, SeqCst);
+            // The epoch moved on meanwhile: its wakes may be forgotten; count in the new.
+            if self.epoch.load(SeqCst) == epoch {
+                let generation = self.generation.load(SeqCst);
+                return StepStart { epoch, generation };
+            }
+            self.running[parity(epoch)].fetch_sub(1, SeqCst);
+        }
     }
 
     /// Records that the step that began at `start` ended.
     pub(crate) fn end_step(&self, start: StepStart) {
-        let mut state = self.state();
-        if let Some(count) = state.running.get_mut(&start.0) {
-            *count -= 1;
-            if *count == 0 {
-                state.running.remove(&start.0);
-            }
-        }
-        state.prune();
+        self.running[parity(start.epoch)].fetch_sub(1, SeqCst);
     }
 
-    /// Records a wake of `event`. Nothing is kept when no step runs: a step that starts
-    /// later sees the condition the waker set before waking.
+    /// Records a wake of `event`.
     pub(crate) fn wake(&self, event: &str) {
-        let mut state = self.state();
-        state.generation += 1;
-        if state.running.is_empty() {
-            return;
+        let mut woken = self.woken();
+        let generation = self.generation.fetch_add(1, SeqCst) + 1;
+        let mut epoch = self.epoch.load(SeqCst);
+        // No step of the previous epoch runs: no one needs its wakes any more.
+        if self.running[parity(epoch + 1)].load(SeqCst) == 0 {
+            woken[parity(epoch + 1)].clear();
+            epoch += 1;
+            self.epoch.store(epoch, SeqCst);
         }
-        let generation = state.generation;
-        match state.woken.get_mut(event) {
+        let map = &mut woken[parity(epoch)];
+        match map.get_mut(event) {
             Some(at) => *at = generation,
-            None => drop(state.woken.insert(event.to_owned(), generation)),
-        }
-        if state.woken.len() >= state.prune_at {
-            state.prune();
+            None => drop(map.insert(event.to_owned(), generation)),
         }
     }
 
     /// Whether `event` was woken after the step that began at `start` started.
     pub(crate) fn woken_since(&self, event: &str, start: StepStart) -> bool {
-        self.state()
-            .woken
-            .get(event)
-            .is_some_and(|&at| at > start.0)
+        self.woken()
+            .iter()
+            .any(|map| map.get(event).is_some_and(|&at| at > start.generation))
     }
-}
 
-impl State {
-    /// Forgets the wakes every running step started after (they need none of them).
-    fn prune(&mut self) {
-        let Some((&oldest, _)) = self.running.first_key_value() else {
-            self.woken.clear();
-            self.prune_at = PRUNE_FLOOR;
-            return;
-        };
-        if self.woken.len() < self.prune_at {
-            return;
-        }
-        self.woken.retain(|_, at| *at > oldest);
-        self.prune_at = (self.woken.len() * 2).max(PRUNE_FLOOR);
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
+        self.woken().iter().map(HashMap::len).sum()
     }
 }
 
@@ -138,13 +115,27 @@ mod tests {
     }
 
     #[test]
-    fn wakes_with_no_step_running_are_not_kept() {
+    fn a_wake_before_a_step_started_is_not_seen_by_it() {
         let log = WakeLog::default();
         log.wake("open");
         let step = log.begin_step();
         assert!(!log.woken_since("open", step));
         log.end_step(step);
-        assert!(log.state().woken.is_empty());
+    }
+
+    #[test]
+    fn a_long_step_keeps_its_wakes_while_epochs_move_on_around_it() {
+        let log = WakeLog::default();
+        let long = log.begin_step();
+        for i in 0..100 {
+            let short = log.begin_step();
+            log.wake(&format!("event-{i}"));
+            log.end_step(short);
+        }
+        for i in 0..100 {
+            assert!(log.woken_since(&format!("event-{i}"), long), "event-{i}");
+        }
+        log.end_step(long);
     }
 
     #[test]
@@ -157,9 +148,9 @@ mod tests {
         // The long step may still suspend on any of them.
         assert!(log.woken_since("event-0", long));
         log.end_step(long);
-        let step = log.begin_step();
+        // Two wakes with no step running move two epochs on: only they are left.
         log.wake("late");
-        log.end_step(step);
-        assert!(log.state().woken.is_empty());
+        log.wake("later");
+        assert_eq!(log.remembered(), 2);
     }
 }

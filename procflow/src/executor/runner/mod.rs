@@ -219,21 +219,23 @@ impl<E: Send + Sync + 'static> Runner<E> {
         if !self.inner.is_running() {
             return Err(Exit);
         }
+        // The paths off the plain step loop are boxed: the task's future (one allocation
+        // per procedure, moved when spawned) stays the size the loop needs.
         if let Some(error) = self.refused.take() {
-            return self.fail_refused(error).await;
+            return Box::pin(self.fail_refused(error)).await;
         }
         // Waits first: a step that spawned children has already moved to the state after
         // them, which may be terminal; the procedure ends only once they have.
         match &self.envelope.wait {
             Wait::Ready => {}
-            Wait::Children(_) => return self.await_children().await,
-            Wait::Event { .. } => return self.await_event().await,
+            Wait::Children(_) => return Box::pin(self.await_children()).await,
+            Wait::Event { .. } => return Box::pin(self.await_event()).await,
         }
         if let Some(spawn) = self.spawn_to_undo() {
-            return self.undo_children(spawn).await;
+            return Box::pin(self.undo_children(spawn)).await;
         }
         if let Some(cause) = self.interruption() {
-            return self.interrupt(cause).await;
+            return Box::pin(self.interrupt(cause)).await;
         }
         if self.procedure.phase().is_finished() {
             self.finish().await?;
@@ -242,9 +244,9 @@ impl<E: Send + Sync + 'static> Runner<E> {
         if let (Err(error), Phase::Running) = (&self.locks, self.procedure.phase()) {
             // The procedure cannot say what it locks: it must not run a forward step.
             let error = error.clone();
-            return self.on_failure(error).await;
+            return Box::pin(self.on_failure(error)).await;
         }
-        if !self.take_locks().await? {
+        if !self.holds_locks() && !Box::pin(self.take_locks()).await? {
             return Ok(()); // Interrupted while waiting: it is rolling back now.
         }
         let progress = self.run_step().await?;
@@ -254,10 +256,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
         }
         let result = match progress {
             Some(progress) => self.after_step(progress).await,
-            None => {
-                self.interrupt(waits::timed_out(self.procedure.state()))
-                    .await
-            }
+            None => Box::pin(self.interrupt(waits::timed_out(self.procedure.state()))).await,
         };
         if matches!(&self.locks, Ok(locks) if locks.hold() == Hold::PerStep) {
             self.release_locks();
@@ -288,7 +287,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             DynProgress::Spawned(children) => {
                 self.succeeded();
                 self.acted = false;
-                self.spawn(children).await
+                Box::pin(self.spawn(children)).await
             }
             DynProgress::Suspended { event, timeout } => {
                 // `run_step` registered it as waiting for `event` already.
@@ -310,7 +309,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
                 self.succeeded();
                 self.persist(WriteKind::Rollback).await
             }
-            DynProgress::Failed(error) => self.on_failure(error).await,
+            DynProgress::Failed(error) => Box::pin(self.on_failure(error)).await,
             DynProgress::Finished => Ok(()),
         }
     }

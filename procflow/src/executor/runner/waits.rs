@@ -93,16 +93,25 @@ impl<E: Send + Sync + 'static> Runner<E> {
         }
     }
 
+    /// Whether it holds what it must before its next step: its declared locks, or none.
+    pub(super) fn holds_locks(&self) -> bool {
+        self.holding
+            || self
+                .locks
+                .as_ref()
+                .map_or(true, |locks| locks.locks().is_empty())
+    }
+
     /// Waits (parked, without a worker) until the declared locks are granted. Returns
     /// `false` when an abort or the deadline interrupted the wait: the procedure is then
     /// rolling back.
     pub(super) async fn take_locks(&mut self) -> Result<bool, Exit> {
+        if self.holds_locks() {
+            return Ok(true);
+        }
         let Ok(locks) = &self.locks else {
             return Ok(true);
         };
-        if self.holding || locks.locks().is_empty() {
-            return Ok(true);
-        }
         let wanted = locks.locks().to_vec();
         let inner = Arc::clone(&self.inner);
         let waited = {
