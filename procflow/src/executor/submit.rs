@@ -17,7 +17,7 @@ use procflow_store::Batch;
 use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 
 /// See [`Executor::submit_with`](super::Executor::submit_with).
 pub(super) async fn submit<M, E>(
@@ -63,11 +63,13 @@ where
         claim,
         machine: M::NAME,
     };
-    let task = inner
+    let (reply, written) = oneshot::channel();
+    inner
         .tasks
-        .spawn(persist_and_launch(Arc::clone(inner), new));
-    // A join error: the runtime is going away with the task.
-    task.await
+        .spawn(persist_and_run(Arc::clone(inner), new, reply));
+    // No answer: the runtime is going away with the task.
+    written
+        .await
         .unwrap_or(Err(SubmitError::Executor(ExecutorError::ShutDown)))
 }
 
@@ -82,18 +84,20 @@ struct New<E> {
     machine: &'static str,
 }
 
-/// Writes the procedure (with its nonce) and starts it; counts it out if the write fails.
-async fn persist_and_launch<E: Send + Sync + 'static>(
+/// Writes the procedure (with its nonce), answers the submit, and goes on as the
+/// procedure's task; counts the procedure out if the write fails.
+async fn persist_and_run<E: Send + Sync + 'static>(
     inner: Arc<Inner<E>>,
     new: New<E>,
-) -> Result<ProcedureId, SubmitError> {
+    reply: oneshot::Sender<Result<ProcedureId, SubmitError>>,
+) {
     let New {
         id,
         reservation,
         value,
         envelope,
         procedure,
-        mut claim,
+        claim,
         machine,
     } = new;
     let mut batch = Batch::new();
@@ -104,29 +108,30 @@ async fn persist_and_launch<E: Send + Sync + 'static>(
     let batch = batch.put(id, None, value);
     if let Err(error) = inner.commit(id, WriteKind::Submit, batch).await {
         inner.live_roots.fetch_sub(1, Ordering::AcqRel);
-        return Err(SubmitError::Executor(error));
+        let _ = reply.send(Err(SubmitError::Executor(error)));
+        return;
     }
     if let Some(reservation) = reservation {
         reservation.confirm(&inner);
     }
     metrics::counter!("procflow_submitted_total", "machine" => machine).increment(1);
-    runner::launch(
-        &inner,
-        Launch {
-            id,
-            parent: None,
-            ancestors: Vec::new(),
-            procedure,
-            envelope,
-            acted: false,
-            holding: false,
-        },
-    );
+    let launch = Launch {
+        id,
+        parent: None,
+        ancestors: Vec::new(),
+        procedure,
+        envelope,
+        acted: false,
+        holding: false,
+    };
+    let wake = runner::insert_entry(&inner, &launch);
     // The nonce names the procedure once it can be waited for.
-    if let Some(claim) = &mut claim {
+    if let Some(mut claim) = claim {
         claim.id = Some(id);
     }
-    Ok(ProcedureId::new(id))
+    // A caller that stopped waiting does not mind: a nonce finds the procedure again.
+    let _ = reply.send(Ok(ProcedureId::new(id)));
+    runner::run_started(&inner, launch, wake).await;
 }
 
 /// Counts a new root procedure in, or refuses it when the queue is full.

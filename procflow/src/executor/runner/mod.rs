@@ -57,6 +57,25 @@ pub(crate) fn start<E: Send + Sync + 'static>(
     launch: Launch<E>,
     wake: Arc<Notify>,
 ) {
+    inner.tasks.spawn(task(inner, launch, wake));
+}
+
+/// Runs, in the calling task, a procedure whose table entry exists (a submit's task,
+/// once the procedure is written, goes on as the procedure's: one task, not two).
+pub(crate) async fn run_started<E: Send + Sync + 'static>(
+    inner: &Arc<Inner<E>>,
+    launch: Launch<E>,
+    wake: Arc<Notify>,
+) {
+    task(inner, launch, wake).await;
+}
+
+/// A procedure's task.
+fn task<E: Send + Sync + 'static>(
+    inner: &Arc<Inner<E>>,
+    launch: Launch<E>,
+    wake: Arc<Notify>,
+) -> impl Future<Output = ()> + Send + 'static {
     let span = tracing::info_span!(
         "procedure",
         id = launch.id,
@@ -81,7 +100,7 @@ pub(crate) fn start<E: Send + Sync + 'static>(
         refused: None,
         refusing: false,
     };
-    inner.tasks.spawn(runner.run().instrument(span));
+    runner.run().instrument(span)
 }
 
 /// The table entry for a procedure, created if missing; returns its wake-up signal.
