@@ -1,0 +1,784 @@
+//! The process `tests/kill9_orders.rs` kills with SIGKILL, over and over: an order
+//! workload with child procedures, timeouts, locks and events.
+//!
+//! ```text
+//! order_worker --dir DIR [--seed 1] [--orders 42] [--span-ms 20000] [--finish-within SECS]
+//!              [--break-idempotence] [--break-locks]
+//! ```
+//!
+//! # The workload
+//!
+//! `--orders` root procedures (`order`), each of one kind, chosen round-robin with seeded
+//! parameters (`--seed`), so every run on the same `DIR` (every restart) plans the same
+//! orders. The plan is written to `DIR/plan` for the checker. An order goes through
+//! `Reserve → AwaitPayment → Fulfil → Charge → Ship → Done`; `Fulfil` may spawn `item`
+//! children (`Pick → Pack → Label → Done`); `Ship` is the point of no return.
+//!
+//! | kind | what it exercises | expected |
+//! |---|---|---|
+//! | `plain` | zero to two items, all succeed | succeeded |
+//! | `paid` | `AwaitPayment` suspends on `pay-<order>` until the driver signals it | succeeded |
+//! | `child-fails` | 3–4 items: one fails fatally at once, its siblings are slow or suspended on `hold-<order>` (signalled late, or never) | rolled back |
+//! | `timeout-event` | a procedure timeout, `AwaitPayment` waits for `never-<order>` | rolled back |
+//! | `timeout-children` | a procedure timeout shorter than its slow items | rolled back |
+//! | `life-lock` | exclusive `sku/<k>` held for life; some fail at `Charge` (rolled back while holding) | succeeded or rolled back |
+//! | `step-lock` | the same keys, exclusive per step | succeeded |
+//!
+//! # Effects (outside the store)
+//!
+//! - `DIR/effects/<order>`: the order tree's effects, one line each: `start <proc> <state>`
+//!   when a step begins, `do <proc> <state>` when it completed its work, `undo <proc>
+//!   <state>` from a rollback handler, and `end <order> <outcome>` from the driver once the
+//!   order ended. Every write is idempotent (a line already in the file is not written
+//!   again), so a step re-run after a kill leaves no duplicate; `--break-idempotence`
+//!   writes unconditionally, which the checker must catch.
+//! - `DIR/locks/<key>`: a step holding lock `<key>` appends `<key> <owner>` when it begins
+//!   and when it ends (a rollback step of a for-life holder too), each in one `O_APPEND`
+//!   write. `--break-locks` makes the per-step lockers declare no lock (they still write
+//!   the lines), which the checker must catch.
+//!
+//! # Events
+//!
+//! The driver signals `pay-*` and some `hold-*` events at `epoch + delay` (wall clock; the
+//! epoch is the first run's start, in `DIR/epoch`, so delays span the kills): it creates
+//! `DIR/signals/<event>`, then wakes the event once. Steps test that file before they
+//! suspend (condition-variable style), so a wake that comes before the suspension is
+//! not needed. After a restart the driver wakes every event already signalled once, at
+//! startup: it cannot know which wake-ups a killed process had delivered.
+//!
+//! Prints `orders N succeeded S rolled_back R failed F` and exits 0 once every order and
+//! every child has ended. With `--finish-within`, prints what is still live and exits 3
+//! if that takes longer. Exits 1 on any error.
+
+use procflow::ProcedureId;
+use procflow::executor::{Executor, Outcome, SubmitOptions};
+use procflow::prelude::*;
+use procflow::store::{WalConfig, WalStore};
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Order, env = Shop, name = "order")]
+enum OrderState {
+    #[initial]
+    #[transition(to = [AwaitPayment])]
+    #[rollback]
+    Reserve,
+    #[transition(to = [Fulfil])]
+    #[rollback]
+    AwaitPayment,
+    #[transition(to = [Charge])]
+    #[rollback]
+    Fulfil,
+    #[transition(to = [Ship])]
+    #[rollback]
+    Charge,
+    #[transition(to = [Done])]
+    #[no_rollback]
+    Ship,
+    #[terminal]
+    Done,
+}
+
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Item, env = Shop, name = "item")]
+enum ItemState {
+    #[initial]
+    #[transition(to = [Pack])]
+    #[rollback]
+    Pick,
+    #[transition(to = [Label])]
+    #[rollback]
+    Pack,
+    #[transition(to = [Done])]
+    #[rollback]
+    Label,
+    #[terminal]
+    Done,
+}
+
+/// The lock an order declares.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+struct LockSpec {
+    key: String,
+    for_life: bool,
+}
+
+/// A root procedure; its fields are the plan, fixed at submit.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+struct Order {
+    /// `o<index>`: the name in effects, lock lines and the nonce.
+    name: String,
+    kind: String,
+    lock: Option<LockSpec>,
+    /// Whether `locks` declares `lock` (only `--break-locks` says no: the steps then
+    /// write their lock lines without holding the key).
+    declare_lock: bool,
+    /// `AwaitPayment` waits until this event is signalled.
+    await_event: Option<String>,
+    items: Vec<Item>,
+    fail_charge: bool,
+    step_ms: u64,
+    timeout_ms: Option<u64>,
+}
+
+/// A child procedure of an order.
+#[derive(Serialize, Deserialize, Clone, Debug)]
+struct Item {
+    /// `<order>.i<index>`.
+    name: String,
+    /// The order's name: effects go to its file.
+    order: String,
+    /// `Pick` fails fatally.
+    fail: bool,
+    /// `Pick` waits until this event is signalled.
+    wait_event: Option<String>,
+    step_ms: u64,
+}
+
+/// What the handlers share: where effects, lock lines and signals live.
+struct Shop {
+    effects: PathBuf,
+    locks: PathBuf,
+    signals: PathBuf,
+    idempotent: bool,
+    break_locks: bool,
+}
+
+impl Shop {
+    /// Appends `line` to the order's effect file unless it is there already.
+    fn effect(&self, order: &str, line: &str) -> std::io::Result<()> {
+        let path = self.effects.join(order);
+        if self.idempotent {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            if text.lines().any(|l| l == line) {
+                return Ok(()); // Done before a kill: the effect is already there.
+            }
+        }
+        append(&path, line)
+    }
+
+    /// Appends `<key> <owner>` to the key's file, in one write.
+    fn lock_line(&self, key: &str, owner: &str) -> std::io::Result<()> {
+        append(&self.locks.join(key.replace('/', "_")), &format!("{key} {owner}"))
+    }
+
+    /// Whether the driver has signalled `event`.
+    fn signalled(&self, event: &str) -> bool {
+        self.signals.join(event).exists()
+    }
+}
+
+/// One `O_APPEND` write of `line` and its newline: a kill lands before or after it.
+fn append(path: &Path, line: &str) -> std::io::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    file.write_all(format!("{line}\n").as_bytes())
+}
+
+fn sleep_ms(ms: u64) -> tokio::time::Sleep {
+    tokio::time::sleep(Duration::from_millis(ms))
+}
+
+impl Order {
+    /// The lock key whose file this order's steps write to, if it holds one.
+    fn held_key(&self) -> Option<&str> {
+        self.lock.as_ref().map(|l| l.key.as_str())
+    }
+
+    /// A forward step's work: `start`, a lock line, the work (a sleep, so kills land
+    /// between the start and the end), a lock line, `do`.
+    async fn act(&self, shop: &Shop, state: &str) -> Result<(), Error> {
+        shop.effect(&self.name, &format!("start {} {state}", self.name))
+            .retryable()?;
+        self.lock_line(shop)?;
+        sleep_ms(self.step_ms).await;
+        self.lock_line(shop)?;
+        shop.effect(&self.name, &format!("do {} {state}", self.name))
+            .retryable()
+    }
+
+    /// A rollback step's work: lock lines around `undo`.
+    async fn undo(&self, shop: &Shop, state: &str) -> Result<(), Error> {
+        self.lock_line(shop)?;
+        sleep_ms(self.step_ms / 2).await;
+        shop.effect(&self.name, &format!("undo {} {state}", self.name))
+            .retryable()?;
+        self.lock_line(shop)
+    }
+
+    fn lock_line(&self, shop: &Shop) -> Result<(), Error> {
+        match self.held_key() {
+            Some(key) => shop.lock_line(key, &self.name).retryable(),
+            None => Ok(()),
+        }
+    }
+}
+
+impl OrderStateHandlers for Order {
+    async fn reserve(&mut self, ctx: &Context<Shop>) -> Step<order_state::Reserve> {
+        self.act(ctx.env(), "Reserve").await?;
+        Ok(order_state::Reserve::AwaitPayment.into())
+    }
+
+    /// Waits for the payment event, condition-variable style: test the signal, and
+    /// suspend only if it is not there (a wake before the suspension is then not needed).
+    async fn await_payment(&mut self, ctx: &Context<Shop>) -> Step<order_state::AwaitPayment> {
+        let shop = ctx.env();
+        if let Some(event) = &self.await_event {
+            if !shop.signalled(event) {
+                shop.effect(&self.name, &format!("start {} AwaitPayment", self.name))
+                    .retryable()?;
+                // The step still works a little after its test: a wake landing now must
+                // not be lost (the executor's guarantee (d)).
+                sleep_ms(self.step_ms / 4).await;
+                return Ok(Flow::suspend(event.clone()));
+            }
+        }
+        self.act(shop, "AwaitPayment").await?;
+        Ok(order_state::AwaitPayment::Fulfil.into())
+    }
+
+    async fn fulfil(&mut self, ctx: &Context<Shop>) -> Step<order_state::Fulfil> {
+        self.act(ctx.env(), "Fulfil").await?;
+        if self.items.is_empty() {
+            return Ok(order_state::Fulfil::Charge.into());
+        }
+        let children = self
+            .items
+            .iter()
+            .map(Child::new::<ItemState>)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Flow::spawn(children, order_state::Fulfil::Charge))
+    }
+
+    async fn charge(&mut self, ctx: &Context<Shop>) -> Step<order_state::Charge> {
+        let shop = ctx.env();
+        if self.fail_charge {
+            shop.effect(&self.name, &format!("start {} Charge", self.name))
+                .retryable()?;
+            self.lock_line(shop)?;
+            return Err(Error::fatal(format!("{}: card declined", self.name)));
+        }
+        self.act(shop, "Charge").await?;
+        Ok(order_state::Charge::Ship.into())
+    }
+
+    async fn ship(&mut self, ctx: &Context<Shop>) -> Step<order_state::Ship> {
+        self.act(ctx.env(), "Ship").await?;
+        Ok(order_state::Ship::Done.into())
+    }
+
+    async fn rollback_reserve(&mut self, ctx: &Context<Shop>) -> Result<(), Error> {
+        self.undo(ctx.env(), "Reserve").await
+    }
+
+    async fn rollback_await_payment(&mut self, ctx: &Context<Shop>) -> Result<(), Error> {
+        self.undo(ctx.env(), "AwaitPayment").await
+    }
+
+    async fn rollback_fulfil(&mut self, ctx: &Context<Shop>) -> Result<(), Error> {
+        self.undo(ctx.env(), "Fulfil").await
+    }
+
+    async fn rollback_charge(&mut self, ctx: &Context<Shop>) -> Result<(), Error> {
+        self.undo(ctx.env(), "Charge").await
+    }
+
+    fn locks(&self) -> Result<Locks, LockKeyError> {
+        let Some(spec) = self.lock.as_ref().filter(|_| self.declare_lock) else {
+            return Ok(Locks::none());
+        };
+        let locks = Locks::new([Lock::exclusive(&spec.key)?]);
+        Ok(if spec.for_life { locks } else { locks.per_step() })
+    }
+}
+
+impl Item {
+    async fn act(&self, shop: &Shop, state: &str) -> Result<(), Error> {
+        shop.effect(&self.order, &format!("start {} {state}", self.name))
+            .retryable()?;
+        sleep_ms(self.step_ms).await;
+        shop.effect(&self.order, &format!("do {} {state}", self.name))
+            .retryable()
+    }
+
+    async fn undo(&self, shop: &Shop, state: &str) -> Result<(), Error> {
+        sleep_ms(self.step_ms / 4).await;
+        shop.effect(&self.order, &format!("undo {} {state}", self.name))
+            .retryable()
+    }
+}
+
+impl ItemStateHandlers for Item {
+    async fn pick(&mut self, ctx: &Context<Shop>) -> Step<item_state::Pick> {
+        let shop = ctx.env();
+        if let Some(event) = &self.wait_event {
+            if !shop.signalled(event) {
+                shop.effect(&self.order, &format!("start {} Pick", self.name))
+                    .retryable()?;
+                return Ok(Flow::suspend(event.clone()));
+            }
+        }
+        if self.fail {
+            shop.effect(&self.order, &format!("start {} Pick", self.name))
+                .retryable()?;
+            sleep_ms(self.step_ms).await;
+            return Err(Error::fatal(format!("{}: out of stock", self.name)));
+        }
+        self.act(shop, "Pick").await?;
+        Ok(item_state::Pick::Pack.into())
+    }
+
+    async fn pack(&mut self, ctx: &Context<Shop>) -> Step<item_state::Pack> {
+        self.act(ctx.env(), "Pack").await?;
+        Ok(item_state::Pack::Label.into())
+    }
+
+    async fn label(&mut self, ctx: &Context<Shop>) -> Step<item_state::Label> {
+        self.act(ctx.env(), "Label").await?;
+        Ok(item_state::Label::Done.into())
+    }
+
+    async fn rollback_pick(&mut self, ctx: &Context<Shop>) -> Result<(), Error> {
+        self.undo(ctx.env(), "Pick").await
+    }
+
+    async fn rollback_pack(&mut self, ctx: &Context<Shop>) -> Result<(), Error> {
+        self.undo(ctx.env(), "Pack").await
+    }
+
+    async fn rollback_label(&mut self, ctx: &Context<Shop>) -> Result<(), Error> {
+        self.undo(ctx.env(), "Label").await
+    }
+}
+
+/// SplitMix64: the plan must be the same on every run of one seed, and this needs no
+/// dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `low..high`.
+    fn range(&mut self, low: u64, high: u64) -> u64 {
+        low + self.next() % (high - low)
+    }
+
+    /// True with probability `percent` / 100.
+    fn chance(&mut self, percent: u64) -> bool {
+        self.range(0, 100) < percent
+    }
+}
+
+const KINDS: [&str; 7] = [
+    "plain",
+    "paid",
+    "child-fails",
+    "timeout-event",
+    "timeout-children",
+    "life-lock",
+    "step-lock",
+];
+
+/// The contended lock keys.
+const SKUS: u64 = 2;
+
+/// An event the driver signals `delay_ms` after the epoch.
+#[derive(Clone, Debug)]
+struct Signal {
+    event: String,
+    delay_ms: u64,
+}
+
+/// The orders, and the events the driver signals.
+struct Plan {
+    orders: Vec<Order>,
+    signals: Vec<Signal>,
+}
+
+/// The same plan for the same seed, order count and span.
+fn plan(seed: u64, count: u32, span_ms: u64) -> Plan {
+    let mut rng = Rng(seed);
+    let mut plan = Plan {
+        orders: Vec::new(),
+        signals: Vec::new(),
+    };
+    for index in 0..count {
+        let kind = KINDS[index as usize % KINDS.len()];
+        let order = plan_order(&mut rng, &mut plan.signals, index, kind, span_ms);
+        plan.orders.push(order);
+    }
+    // The slowest customer pays at the end of the span: the work lasts at least that long,
+    // so the kills land on a worker with work left.
+    if let Some(last) = plan.signals.iter_mut().rfind(|s| s.event.starts_with("pay-")) {
+        last.delay_ms = span_ms;
+    }
+    plan
+}
+
+fn plan_order(
+    rng: &mut Rng,
+    signals: &mut Vec<Signal>,
+    index: u32,
+    kind: &str,
+    span_ms: u64,
+) -> Order {
+    let name = format!("o{index}");
+    let mut order = Order {
+        name: name.clone(),
+        kind: kind.to_owned(),
+        lock: None,
+        declare_lock: true,
+        await_event: None,
+        items: Vec::new(),
+        fail_charge: false,
+        step_ms: rng.range(20, 120),
+        timeout_ms: None,
+    };
+    let item = |rng: &mut Rng, i: usize, step_ms: u64| Item {
+        name: format!("{name}.i{i}"),
+        order: name.clone(),
+        fail: false,
+        wait_event: None,
+        step_ms: rng.range(step_ms / 2, step_ms),
+    };
+    match kind {
+        "plain" => {
+            let n = rng.range(0, 3) as usize;
+            order.items = (0..n).map(|i| item(rng, i, 100)).collect();
+        }
+        "paid" => {
+            let event = format!("pay-{name}");
+            let delay_ms = rng.range(span_ms / 10, span_ms);
+            signals.push(Signal {
+                event: event.clone(),
+                delay_ms,
+            });
+            order.await_event = Some(event);
+        }
+        "child-fails" => {
+            let n = rng.range(3, 5) as usize;
+            order.items = (0..n).map(|i| item(rng, i, 400)).collect();
+            let failing = rng.range(0, n as u64) as usize;
+            order.items[failing].fail = true;
+            order.items[failing].step_ms = 10;
+            // One sibling waits for an event: signalled late (it would run on after the
+            // failure unless stopped), or never (only a stop ends it).
+            let waiting = (failing + 1) % n;
+            let event = format!("hold-{name}");
+            if rng.chance(50) {
+                let delay_ms = rng.range(span_ms / 4, span_ms / 2);
+                signals.push(Signal {
+                    event: event.clone(),
+                    delay_ms,
+                });
+            }
+            order.items[waiting].wait_event = Some(event);
+        }
+        "timeout-event" => {
+            order.await_event = Some(format!("never-{name}"));
+            order.timeout_ms = Some(rng.range(300, 2000));
+        }
+        "timeout-children" => {
+            // Quick up to the spawn, then items of 3 steps of 300-600 ms each: the
+            // deadline passes while the order waits for them.
+            order.step_ms = 20;
+            order.timeout_ms = Some(rng.range(400, 700));
+            let n = rng.range(2, 4) as usize;
+            order.items = (0..n).map(|i| item(rng, i, 600)).collect();
+        }
+        "life-lock" | "step-lock" => {
+            order.lock = Some(LockSpec {
+                key: format!("sku/{}", rng.range(0, SKUS)),
+                for_life: kind == "life-lock",
+            });
+            order.fail_charge = kind == "life-lock" && rng.chance(35);
+            order.step_ms = rng.range(40, 150);
+            if rng.chance(50) {
+                order.items = (0..2).map(|i| item(rng, i, 100)).collect();
+            }
+        }
+        _ => unreachable!("unknown kind {kind}"),
+    }
+    order
+}
+
+impl Order {
+    /// How it must end.
+    fn expected(&self) -> &'static str {
+        let fails = self.fail_charge
+            || self.timeout_ms.is_some()
+            || self.items.iter().any(|item| item.fail);
+        if fails { "rolled_back" } else { "succeeded" }
+    }
+
+    /// Its line of `DIR/plan`: `<order> <kind> expect=<outcome> life=<key or -> procs=..`.
+    fn plan_line(&self) -> String {
+        let life = match &self.lock {
+            Some(LockSpec {
+                key,
+                for_life: true,
+            }) => key.as_str(),
+            _ => "-",
+        };
+        let mut procs = self.name.clone();
+        for item in &self.items {
+            let _ = write!(procs, ",{}", item.name);
+        }
+        format!(
+            "{} {} expect={} life={life} procs={procs}",
+            self.name,
+            self.kind,
+            self.expected()
+        )
+    }
+}
+
+struct Args {
+    dir: PathBuf,
+    seed: u64,
+    orders: u32,
+    span_ms: u64,
+    finish_within: Option<Duration>,
+    idempotent: bool,
+    break_locks: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        dir: PathBuf::new(),
+        seed: 1,
+        orders: 42,
+        span_ms: 20_000,
+        finish_within: None,
+        idempotent: true,
+        break_locks: false,
+    };
+    let mut dir = None;
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().ok_or(format!("{arg} needs a value"));
+        let number = |v: String| v.parse::<u64>().map_err(|e| format!("{arg}: {e}"));
+        match arg.as_str() {
+            "--dir" => dir = Some(PathBuf::from(value()?)),
+            "--seed" => args.seed = number(value()?)?,
+            "--orders" => {
+                args.orders = u32::try_from(number(value()?)?).map_err(|e| e.to_string())?;
+            }
+            "--span-ms" => args.span_ms = number(value()?)?,
+            "--finish-within" => {
+                args.finish_within = Some(Duration::from_secs(number(value()?)?));
+            }
+            "--break-idempotence" => args.idempotent = false,
+            "--break-locks" => args.break_locks = true,
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    args.dir = dir.ok_or("--dir is required")?;
+    Ok(args)
+}
+
+#[tokio::main]
+async fn main() {
+    match run().await {
+        Ok(true) => {}
+        Ok(false) => std::process::exit(3),
+        Err(error) => {
+            eprintln!("order_worker: {error}");
+            std::process::exit(1);
+        }
+    }
+}
+
+type Failure = Box<dyn std::error::Error>;
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Writes `text` to `path` unless it exists, atomically (a kill leaves all or nothing);
+/// returns the file's text.
+fn write_once(path: &Path, text: &str) -> std::io::Result<String> {
+    if let Ok(existing) = std::fs::read_to_string(path) {
+        return Ok(existing);
+    }
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(text.to_owned())
+}
+
+/// Runs the workload; `Ok(false)` when `--finish-within` passed first.
+async fn run() -> Result<bool, Failure> {
+    let args = parse_args()?;
+    let shop = Shop {
+        effects: args.dir.join("effects"),
+        locks: args.dir.join("locks"),
+        signals: args.dir.join("signals"),
+        idempotent: args.idempotent,
+        break_locks: args.break_locks,
+    };
+    for dir in [&shop.effects, &shop.locks, &shop.signals] {
+        std::fs::create_dir_all(dir)?;
+    }
+    let epoch: u64 = write_once(&args.dir.join("epoch"), &now_ms().to_string())?
+        .trim()
+        .parse()?;
+    let plan = plan(args.seed, args.orders, args.span_ms);
+    let lines: String = plan.orders.iter().map(|o| o.plan_line() + "\n").collect();
+    write_once(&args.dir.join("plan"), &lines)?;
+
+    let store = Arc::new(WalStore::open(args.dir.join("wal"), WalConfig::default())?);
+    let executor = Executor::builder(store, shop)
+        .register::<OrderState>()
+        .register::<ItemState>()
+        .start()
+        .await?;
+    let driver = tokio::spawn(drive_signals(executor.clone(), plan.signals.clone(), epoch));
+    let ids = submit_all(&executor, &plan.orders).await?;
+    let finished = match args.finish_within {
+        Some(limit) => tokio::time::timeout(limit, wait_all(&executor, &ids))
+            .await
+            .ok(),
+        None => Some(wait_all(&executor, &ids).await),
+    };
+    driver.abort();
+    let Some(counts) = finished.transpose()? else {
+        report_live(&executor, &ids);
+        executor.kill();
+        return Ok(false);
+    };
+    executor.shutdown().await?;
+    println!(
+        "orders {} succeeded {} rolled_back {} failed {}",
+        ids.len(),
+        counts[0],
+        counts[1],
+        counts[2]
+    );
+    Ok(true)
+}
+
+/// Submits every order (the nonce finds the ones an earlier run submitted).
+async fn submit_all(
+    executor: &Executor<Shop>,
+    orders: &[Order],
+) -> Result<Vec<(ProcedureId, Order)>, Failure> {
+    let mut ids = Vec::new();
+    for order in orders {
+        let mut options = SubmitOptions::default().nonce(format!("order-{}", order.name));
+        if let Some(ms) = order.timeout_ms {
+            options = options.timeout(Duration::from_millis(ms));
+        }
+        let mut data = order.clone();
+        if data.kind == "step-lock" && executor.env().break_locks {
+            data.declare_lock = false;
+        }
+        let id = executor.submit_with::<OrderState>(data, options).await?;
+        ids.push((id, order.clone()));
+    }
+    Ok(ids)
+}
+
+/// Waits for every order (all at once: each end is recorded when it happens, whatever
+/// the others do), recording each end in its effect file, then for every child; returns
+/// the counts of succeeded, rolled back and failed orders.
+async fn wait_all(
+    executor: &Executor<Shop>,
+    ids: &[(ProcedureId, Order)],
+) -> Result<[u32; 3], Failure> {
+    let mut waits = tokio::task::JoinSet::new();
+    for (id, order) in ids {
+        waits.spawn(wait_one(executor.clone(), *id, order.name.clone()));
+    }
+    let mut counts = [0; 3];
+    while let Some(ended) = waits.join_next().await {
+        counts[ended??] += 1;
+    }
+    // A child that outlives its order is a bug the checker must see: wait for it.
+    while executor
+        .list()
+        .iter()
+        .any(|info| !info.status.is_finished())
+    {
+        sleep_ms(50).await;
+    }
+    Ok(counts)
+}
+
+/// Waits for one order and records `end <order> <outcome>`; returns the outcome's slot in
+/// the counts.
+async fn wait_one(executor: Executor<Shop>, id: ProcedureId, name: String) -> Result<usize, String> {
+    let (slot, outcome) = match executor.wait(id).await.map_err(|e| e.to_string())? {
+        Outcome::Succeeded => (0, "succeeded"),
+        Outcome::RolledBack(_) => (1, "rolled_back"),
+        Outcome::Failed(_) => (2, "failed"),
+    };
+    let line = format!("end {name} {outcome}");
+    executor
+        .env()
+        .effect(&name, &line)
+        .map_err(|e| format!("{name}: {e}"))?;
+    Ok(slot)
+}
+
+/// Prints every procedure still live, for the test's report.
+fn report_live(executor: &Executor<Shop>, ids: &[(ProcedureId, Order)]) {
+    let name = |id: Option<ProcedureId>| {
+        id.and_then(|id| ids.iter().find(|(i, _)| *i == id))
+            .map_or_else(String::new, |(_, o)| format!("{} ({})", o.name, o.kind))
+    };
+    for info in executor.list() {
+        if !info.status.is_finished() {
+            eprintln!(
+                "live: {} {} {} in {:?} at {}, parent {}",
+                info.id,
+                info.machine,
+                name(Some(info.id)),
+                info.status,
+                info.state,
+                name(info.parent)
+            );
+        }
+    }
+}
+
+/// Signals each event at `epoch + delay`: creates its signal file, then wakes it once.
+/// Events already signalled by an earlier run are woken once, now.
+async fn drive_signals(executor: Executor<Shop>, mut signals: Vec<Signal>, epoch: u64) {
+    signals.sort_by_key(|s| s.delay_ms);
+    for signal in signals {
+        let at = epoch + signal.delay_ms;
+        let left = at.saturating_sub(now_ms());
+        if left > 0 {
+            sleep_ms(left).await;
+        }
+        let path = executor.env().signals.join(&signal.event);
+        if let Err(error) = write_once(&path, "") {
+            eprintln!("order_worker: cannot signal {}: {error}", signal.event);
+            std::process::exit(1);
+        }
+        wake(&executor, &signal.event).await;
+    }
+}
+
+/// The one call of `Executor::wake`: when it becomes `async` and fallible (durable
+/// wake-ups), this is the only line to change.
+async fn wake(executor: &Executor<Shop>, event: &str) {
+    let _woken = executor.wake(event);
+}
