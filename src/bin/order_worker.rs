@@ -167,6 +167,11 @@ impl Shop {
         append(&self.locks.join(key.replace('/', "_")), &format!("{key} {owner}"))
     }
 
+    /// Asks for `event` (a payment request): the driver answers some requests.
+    fn request(&self, event: &str) -> std::io::Result<()> {
+        write_once(&self.signals.join(format!("{event}.request")), "").map(drop)
+    }
+
     /// Whether the driver has signalled `event`.
     fn signalled(&self, event: &str) -> bool {
         self.signals.join(event).exists()
@@ -235,9 +240,10 @@ impl OrderStateHandlers for Order {
             if !shop.signalled(event) {
                 shop.effect(&self.name, &format!("start {} AwaitPayment", self.name))
                     .retryable()?;
-                // The step still works a little after its test: a wake landing now must
-                // not be lost (the executor's guarantee (d)).
-                sleep_ms(self.step_ms / 4).await;
+                shop.request(event).retryable()?;
+                // The step still works after its test: the answer may come now, before
+                // the suspension, and its wake must not be lost (guarantee (d)).
+                sleep_ms(self.step_ms / 2).await;
                 return Ok(Flow::suspend(event.clone()));
             }
         }
@@ -396,11 +402,13 @@ const KINDS: [&str; 7] = [
 /// The contended lock keys.
 const SKUS: u64 = 2;
 
-/// An event the driver signals `delay_ms` after the epoch.
+/// An event the driver signals `delay_ms` after the epoch, or, for a payment answering
+/// a request, `delay_ms` after the order asked for it.
 #[derive(Clone, Debug)]
 struct Signal {
     event: String,
     delay_ms: u64,
+    after_request: bool,
 }
 
 /// The orders, and the events the driver signals.
@@ -425,6 +433,7 @@ fn plan(seed: u64, count: u32, span_ms: u64) -> Plan {
     // so the kills land on a worker with work left.
     if let Some(last) = plan.signals.iter_mut().rfind(|s| s.event.starts_with("pay-")) {
         last.delay_ms = span_ms;
+        last.after_request = false;
     }
     plan
 }
@@ -461,11 +470,19 @@ fn plan_order(
             order.items = (0..n).map(|i| item(rng, i, 100)).collect();
         }
         "paid" => {
+            // Half pay quickly, answering the request: often while the step that will
+            // suspend still runs. The others pay at some moment of the span.
             let event = format!("pay-{name}");
-            let delay_ms = rng.range(span_ms / 10, span_ms);
+            let after_request = rng.chance(50);
+            let delay_ms = if after_request {
+                rng.range(0, order.step_ms)
+            } else {
+                rng.range(span_ms / 10, span_ms)
+            };
             signals.push(Signal {
                 event: event.clone(),
                 delay_ms,
+                after_request,
             });
             order.await_event = Some(event);
         }
@@ -484,6 +501,7 @@ fn plan_order(
                 signals.push(Signal {
                     event: event.clone(),
                     delay_ms,
+                    after_request: false,
                 });
             }
             order.items[waiting].wait_event = Some(event);
@@ -617,7 +635,8 @@ fn write_once(path: &Path, text: &str) -> std::io::Result<String> {
     if let Ok(existing) = std::fs::read_to_string(path) {
         return Ok(existing);
     }
-    let tmp = path.with_extension("tmp");
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, path)?;
     Ok(text.to_owned())
@@ -758,23 +777,48 @@ fn report_live(executor: &Executor<Shop>, ids: &[(ProcedureId, Order)]) {
     }
 }
 
-/// Signals each event at `epoch + delay`: creates its signal file, then wakes it once.
-/// Events already signalled by an earlier run are woken once, now.
-async fn drive_signals(executor: Executor<Shop>, mut signals: Vec<Signal>, epoch: u64) {
-    signals.sort_by_key(|s| s.delay_ms);
-    for signal in signals {
-        let at = epoch + signal.delay_ms;
-        let left = at.saturating_sub(now_ms());
-        if left > 0 {
-            sleep_ms(left).await;
+/// Signals each event when it is due: creates its signal file, then wakes it once. An
+/// event is due `delay_ms` after the epoch, or after its request file was written for
+/// the ones that answer a request. Events already signalled by an earlier run are woken
+/// once, now (the process cannot know which wake-ups its killed predecessor delivered).
+async fn drive_signals(executor: Executor<Shop>, mut pending: Vec<Signal>, epoch: u64) {
+    let dir = executor.env().signals.clone();
+    loop {
+        let mut due = Vec::new();
+        pending.retain(|signal| {
+            let is_due = due_at(&dir, signal, epoch).is_some_and(|at| at <= now_ms());
+            if is_due {
+                due.push(signal.event.clone());
+            }
+            !is_due
+        });
+        for event in due {
+            if let Err(error) = write_once(&dir.join(&event), "") {
+                eprintln!("order_worker: cannot signal {event}: {error}");
+                std::process::exit(1);
+            }
+            wake(&executor, &event).await;
         }
-        let path = executor.env().signals.join(&signal.event);
-        if let Err(error) = write_once(&path, "") {
-            eprintln!("order_worker: cannot signal {}: {error}", signal.event);
-            std::process::exit(1);
+        if pending.is_empty() {
+            return;
         }
-        wake(&executor, &signal.event).await;
+        sleep_ms(5).await;
     }
+}
+
+/// When `signal` is due (ms since the Unix epoch); `None` while it waits for a request.
+fn due_at(dir: &Path, signal: &Signal, epoch: u64) -> Option<u64> {
+    if dir.join(&signal.event).exists() {
+        return Some(0); // Signalled before a restart: wake it again.
+    }
+    if !signal.after_request {
+        return Some(epoch + signal.delay_ms);
+    }
+    let asked = std::fs::metadata(dir.join(format!("{}.request", signal.event)))
+        .and_then(|m| m.modified())
+        .ok()?;
+    let asked = asked.duration_since(UNIX_EPOCH).ok()?.as_millis();
+    Some(u64::try_from(asked).unwrap_or(u64::MAX) + signal.delay_ms)
 }
 
 /// The one call of `Executor::wake`: when it becomes `async` and fallible (durable
