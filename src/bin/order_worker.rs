@@ -10,14 +10,17 @@
 //!
 //! `--orders` root procedures (`order`), each of one kind, chosen round-robin with seeded
 //! parameters (`--seed`), so every run on the same `DIR` (every restart) plans the same
-//! orders. The plan is written to `DIR/plan` for the checker. An order goes through
+//! orders. The plan is written to `DIR/plan` for the checker. Orders arrive over the
+//! first three quarters of `--span-ms` (the lock contenders within its first tenth): the
+//! driver submits each at `epoch + arrival`, with a nonce, so a restarted worker finds the
+//! ones submitted before and submits the rest when they are due. An order goes through
 //! `Reserve → AwaitPayment → Fulfil → Charge → Ship → Done`; `Fulfil` may spawn `item`
 //! children (`Pick → Pack → Label → Done`); `Ship` is the point of no return.
 //!
 //! | kind | what it exercises | expected |
 //! |---|---|---|
 //! | `plain` | zero to two items, all succeed | succeeded |
-//! | `paid` | `AwaitPayment` suspends on `pay-<order>` until the driver signals it | succeeded |
+//! | `paid` | `AwaitPayment` asks for payment (`DIR/signals/pay-<order>.request`) and suspends on `pay-<order>`; the driver pays either within a step of the request (often before the suspension) or at a random moment of the span | succeeded |
 //! | `child-fails` | 3–4 items: one fails fatally at once, its siblings are slow or suspended on `hold-<order>` (signalled late, or never) | rolled back |
 //! | `timeout-event` | a procedure timeout, `AwaitPayment` waits for `never-<order>` | rolled back |
 //! | `timeout-children` | a procedure timeout shorter than its slow items | rolled back |
@@ -40,7 +43,8 @@
 //! # Events
 //!
 //! The driver signals `pay-*` and some `hold-*` events at `epoch + delay` (wall clock; the
-//! epoch is the first run's start, in `DIR/epoch`, so delays span the kills): it creates
+//! epoch is the first run's start, in `DIR/epoch`, so delays span the kills), or for
+//! the quick payers `delay` after the request file was written: it creates
 //! `DIR/signals/<event>`, then wakes the event once. Steps test that file before they
 //! suspend (condition-variable style), so a wake that comes before the suspension is
 //! not needed. After a restart the driver wakes every event already signalled once, at
@@ -124,6 +128,10 @@ struct Order {
     fail_charge: bool,
     step_ms: u64,
     timeout_ms: Option<u64>,
+    /// When the driver submits it, after the epoch: orders arrive over the span, so some
+    /// arrive (and suspend, and get paid) during the final run, where no restart heals a
+    /// lost wake-up.
+    arrival_ms: u64,
 }
 
 /// A child procedure of an order.
@@ -456,6 +464,7 @@ fn plan_order(
         fail_charge: false,
         step_ms: rng.range(20, 120),
         timeout_ms: None,
+        arrival_ms: rng.range(0, span_ms * 3 / 4),
     };
     let item = |rng: &mut Rng, i: usize, step_ms: u64| Item {
         name: format!("{name}.i{i}"),
@@ -524,6 +533,8 @@ fn plan_order(
                 for_life: kind == "life-lock",
             });
             order.fail_charge = kind == "life-lock" && rng.chance(35);
+            // Early, so that they contend for the keys while the kills land.
+            order.arrival_ms = rng.range(0, span_ms / 10);
             order.step_ms = rng.range(40, 150);
             if rng.chance(50) {
                 order.items = (0..2).map(|i| item(rng, i, 100)).collect();
@@ -669,23 +680,22 @@ async fn run() -> Result<bool, Failure> {
         .start()
         .await?;
     let driver = tokio::spawn(drive_signals(executor.clone(), plan.signals.clone(), epoch));
-    let ids = submit_all(&executor, &plan.orders).await?;
+    let submitted = Submitted::default();
+    let all = run_orders(&executor, &plan.orders, epoch, &submitted);
     let finished = match args.finish_within {
-        Some(limit) => tokio::time::timeout(limit, wait_all(&executor, &ids))
-            .await
-            .ok(),
-        None => Some(wait_all(&executor, &ids).await),
+        Some(limit) => tokio::time::timeout(limit, all).await.ok(),
+        None => Some(all.await),
     };
     driver.abort();
     let Some(counts) = finished.transpose()? else {
-        report_live(&executor, &ids);
+        report_live(&executor, &submitted);
         executor.kill();
         return Ok(false);
     };
     executor.shutdown().await?;
     println!(
         "orders {} succeeded {} rolled_back {} failed {}",
-        ids.len(),
+        plan.orders.len(),
         counts[0],
         counts[1],
         counts[2]
@@ -693,40 +703,32 @@ async fn run() -> Result<bool, Failure> {
     Ok(true)
 }
 
-/// Submits every order (the nonce finds the ones an earlier run submitted).
-async fn submit_all(
+/// The orders submitted so far, by id (for the report of what is still live).
+type Submitted = Arc<std::sync::Mutex<Vec<(ProcedureId, String)>>>;
+
+/// Submits every order at its arrival (the nonce finds the ones an earlier run
+/// submitted) and waits for it, recording its end in its effect file; then waits for
+/// every child. Returns the counts of succeeded, rolled back and failed orders.
+async fn run_orders(
     executor: &Executor<Shop>,
     orders: &[Order],
-) -> Result<Vec<(ProcedureId, Order)>, Failure> {
-    let mut ids = Vec::new();
-    for order in orders {
-        let mut options = SubmitOptions::default().nonce(format!("order-{}", order.name));
-        if let Some(ms) = order.timeout_ms {
-            options = options.timeout(Duration::from_millis(ms));
-        }
-        let mut data = order.clone();
-        if data.kind == "step-lock" && executor.env().break_locks {
-            data.declare_lock = false;
-        }
-        let id = executor.submit_with::<OrderState>(data, options).await?;
-        ids.push((id, order.clone()));
-    }
-    Ok(ids)
-}
-
-/// Waits for every order (all at once: each end is recorded when it happens, whatever
-/// the others do), recording each end in its effect file, then for every child; returns
-/// the counts of succeeded, rolled back and failed orders.
-async fn wait_all(
-    executor: &Executor<Shop>,
-    ids: &[(ProcedureId, Order)],
+    epoch: u64,
+    submitted: &Submitted,
 ) -> Result<[u32; 3], Failure> {
-    let mut waits = tokio::task::JoinSet::new();
-    for (id, order) in ids {
-        waits.spawn(wait_one(executor.clone(), *id, order.name.clone()));
+    let mut orders_ended = tokio::task::JoinSet::new();
+    for order in orders {
+        let (executor, submitted) = (executor.clone(), Arc::clone(submitted));
+        let order = order.clone();
+        orders_ended.spawn(async move {
+            sleep_ms((epoch + order.arrival_ms).saturating_sub(now_ms())).await;
+            let id = submit(&executor, &order).await?;
+            let label = format!("{} ({})", order.name, order.kind);
+            submitted.lock().unwrap_or_else(|e| e.into_inner()).push((id, label));
+            wait_one(executor, id, order.name).await
+        });
     }
     let mut counts = [0; 3];
-    while let Some(ended) = waits.join_next().await {
+    while let Some(ended) = orders_ended.join_next().await {
         counts[ended??] += 1;
     }
     // A child that outlives its order is a bug the checker must see: wait for it.
@@ -738,6 +740,22 @@ async fn wait_all(
         sleep_ms(50).await;
     }
     Ok(counts)
+}
+
+/// Submits `order` with its nonce and timeout.
+async fn submit(executor: &Executor<Shop>, order: &Order) -> Result<ProcedureId, String> {
+    let mut options = SubmitOptions::default().nonce(format!("order-{}", order.name));
+    if let Some(ms) = order.timeout_ms {
+        options = options.timeout(Duration::from_millis(ms));
+    }
+    let mut data = order.clone();
+    if data.kind == "step-lock" && executor.env().break_locks {
+        data.declare_lock = false;
+    }
+    executor
+        .submit_with::<OrderState>(data, options)
+        .await
+        .map_err(|e| format!("submit {}: {e}", order.name))
 }
 
 /// Waits for one order and records `end <order> <outcome>`; returns the outcome's slot in
@@ -757,10 +775,11 @@ async fn wait_one(executor: Executor<Shop>, id: ProcedureId, name: String) -> Re
 }
 
 /// Prints every procedure still live, for the test's report.
-fn report_live(executor: &Executor<Shop>, ids: &[(ProcedureId, Order)]) {
+fn report_live(executor: &Executor<Shop>, submitted: &Submitted) {
+    let ids = submitted.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let name = |id: Option<ProcedureId>| {
         id.and_then(|id| ids.iter().find(|(i, _)| *i == id))
-            .map_or_else(String::new, |(_, o)| format!("{} ({})", o.name, o.kind))
+            .map_or_else(String::new, |(_, label)| label.clone())
     };
     for info in executor.list() {
         if !info.status.is_finished() {
