@@ -20,7 +20,7 @@
 //! | kind | what it exercises | expected |
 //! |---|---|---|
 //! | `plain` | zero to two items, all succeed | succeeded |
-//! | `paid` | `AwaitPayment` asks for payment (`DIR/signals/pay-<order>.request`) and suspends on `pay-<order>`; the driver pays either within a step of the request (often before the suspension) or at a random moment of the span | succeeded |
+//! | `paid` | `AwaitPayment` asks for payment (`DIR/signals/pay-<order>.request`) and suspends on `pay-<order>`; the driver pays either within half a step of the request (mostly before the suspension) or at a random moment of the span | succeeded |
 //! | `child-fails` | 3–4 items: one fails fatally at once, its siblings are slow or suspended on `hold-<order>` (signalled late, or never) | rolled back |
 //! | `timeout-event` | a procedure timeout, `AwaitPayment` waits for `never-<order>` | rolled back |
 //! | `timeout-children` | a procedure timeout shorter than its slow items | rolled back |
@@ -479,12 +479,14 @@ fn plan_order(
             order.items = (0..n).map(|i| item(rng, i, 100)).collect();
         }
         "paid" => {
-            // Half pay quickly, answering the request: often while the step that will
-            // suspend still runs. The others pay at some moment of the span.
+            // Most pay quickly, answering the request while the step that will suspend
+            // still runs. The others pay at some moment of the span. They arrive late:
+            // a wake-up lost in the final run is not healed by the next restart.
+            order.arrival_ms = rng.range(span_ms / 3, span_ms * 3 / 4);
             let event = format!("pay-{name}");
-            let after_request = rng.chance(50);
+            let after_request = rng.chance(60);
             let delay_ms = if after_request {
-                rng.range(0, order.step_ms)
+                rng.range(0, order.step_ms / 2)
             } else {
                 rng.range(span_ms / 10, span_ms)
             };
