@@ -207,12 +207,22 @@ impl Order {
 
     /// A forward step's work: `start`, a lock line, the work (a sleep, so kills land
     /// between the start and the end), a lock line, `do`.
+    ///
+    /// A for-life holder writes no lock line in its first step: a kill before that step
+    /// is persisted leaves a procedure with no trace of having started, which a restart
+    /// cannot know held the key. From its second step on, it certainly held it, and must
+    /// get it back first after a restart (guarantee (c)).
     async fn act(&self, shop: &Shop, state: &str) -> Result<(), Error> {
+        let lines = state != "Reserve" || !self.lock.as_ref().is_some_and(|l| l.for_life);
         shop.effect(&self.name, &format!("start {} {state}", self.name))
             .retryable()?;
-        self.lock_line(shop)?;
+        if lines {
+            self.lock_line(shop)?;
+        }
         sleep_ms(self.step_ms).await;
-        self.lock_line(shop)?;
+        if lines {
+            self.lock_line(shop)?;
+        }
         shop.effect(&self.name, &format!("do {} {state}", self.name))
             .retryable()
     }
