@@ -57,7 +57,11 @@ fn worker(dir: &Path, seed: u64, extra: &[&str]) -> Command {
 /// Runs the workload through the kills and checks it; returns the problems found.
 fn kill_and_check(seed: u64, extra: &[&str]) -> Vec<String> {
     let dir = tempfile::tempdir().unwrap();
-    let last: Vec<&str> = extra.iter().copied().chain(["--finish-within", FINISH_WITHIN]).collect();
+    let last: Vec<&str> = extra
+        .iter()
+        .copied()
+        .chain(["--finish-within", FINISH_WITHIN])
+        .collect();
     let run = kill_loop::kill_then_finish(
         || worker(dir.path(), seed, extra),
         || worker(dir.path(), seed, &last),
@@ -85,7 +89,10 @@ fn final_run_problems(output: &std::process::Output) -> Vec<String> {
             .lines()
             .map(|line| format!("not ended within {FINISH_WITHIN} s: {line}"))
             .collect(),
-        _ => vec![format!("the final run failed ({}): {stderr}", output.status)],
+        _ => vec![format!(
+            "the final run failed ({}): {stderr}",
+            output.status
+        )],
     }
 }
 
@@ -109,7 +116,10 @@ fn checker_catches_a_broken_worker() {
     let seed = kill_loop::seed(0x0dde_5eed);
     let problems = kill_and_check(seed, &["--break-idempotence", "--break-locks"]);
     let duplicates = problems.iter().filter(|p| p.contains("twice")).count();
-    let intrusions = problems.iter().filter(|p| p.contains("for-life span")).count();
+    let intrusions = problems
+        .iter()
+        .filter(|p| p.contains("for-life span"))
+        .count();
     println!("{duplicates} duplicates, {intrusions} lock intrusions");
     assert!(duplicates > 0 && intrusions > 0, "{problems:#?}");
 }
@@ -154,10 +164,12 @@ fn check_dir(dir: &Path) -> Vec<String> {
     let mut problems = Vec::new();
     let mut outcomes: BTreeMap<String, u32> = BTreeMap::new();
     for order in &plan {
-        let text = std::fs::read_to_string(dir.join("effects").join(&order.name))
-            .unwrap_or_default();
+        let text =
+            std::fs::read_to_string(dir.join("effects").join(&order.name)).unwrap_or_default();
         let (outcome, found) = check_order(order, &text);
-        *outcomes.entry(format!("{} {outcome}", order.kind)).or_default() += 1;
+        *outcomes
+            .entry(format!("{} {outcome}", order.kind))
+            .or_default() += 1;
         problems.extend(found);
     }
     println!("outcomes by kind: {outcomes:?}");
@@ -225,7 +237,10 @@ fn check_order<'a>(order: &Planned, text: &'a str) -> (&'a str, Vec<String>) {
     let outcome = effects[end].state;
     if outcome != order.expect {
         let expect = &order.expect;
-        problems.push(format!("{}: ended {outcome}, expected {expect}", order.name));
+        problems.push(format!(
+            "{}: ended {outcome}, expected {expect}",
+            order.name
+        ));
     }
     for effect in effects[end..].iter().filter(|e| e.verb != "end") {
         let what = format!("{} {} {}", effect.verb, effect.proc, effect.state);
@@ -266,7 +281,10 @@ fn duplicates(order: &str, text: &str) -> Vec<String> {
 fn check_succeeded(proc: &str, mine: &[(usize, Effect<'_>)]) -> Vec<String> {
     let mut problems = Vec::new();
     for (state, _) in states_of(proc) {
-        if !mine.iter().any(|(_, e)| e.verb == "do" && e.state == *state) {
+        if !mine
+            .iter()
+            .any(|(_, e)| e.verb == "do" && e.state == *state)
+        {
             problems.push(format!("{proc}: succeeded without doing {state}"));
         }
     }
@@ -329,7 +347,10 @@ fn check_tree_order(order: &Planned, effects: &[Effect<'_>]) -> Vec<String> {
         .filter(|e| e.verb == "undo" && e.proc != order.name)
         .map(|e| {
             let name = &order.name;
-            format!("{}: {} undone after {name} undid Fulfil (its spawn)", e.proc, e.state)
+            format!(
+                "{}: {} undone after {name} undid Fulfil (its spawn)",
+                e.proc, e.state
+            )
         })
         .collect()
 }
@@ -409,21 +430,38 @@ mod checker {
     fn a_clean_success_passes() {
         let items = "start o1.i0 Pick\ndo o1.i0 Pick\ndo o1.i0 Pack\ndo o1.i0 Label\n";
         let log = format!("{}{items}end o1 succeeded", forward(5));
-        assert_eq!(problems("succeeded", &["o1.i0"], &log), Vec::<String>::new());
+        assert_eq!(
+            problems("succeeded", &["o1.i0"], &log),
+            Vec::<String>::new()
+        );
     }
 
     #[test]
     fn a_do_never_undone_is_caught() {
-        let log = format!("{}undo o1 Fulfil\nundo o1 Reserve\nend o1 rolled_back", forward(3));
+        let log = format!(
+            "{}undo o1 Fulfil\nundo o1 Reserve\nend o1 rolled_back",
+            forward(3)
+        );
         let found = problems("rolled_back", &[], &log);
-        assert!(found.iter().any(|p| p.contains("AwaitPayment, never undone")), "{found:?}");
+        assert!(
+            found
+                .iter()
+                .any(|p| p.contains("AwaitPayment, never undone")),
+            "{found:?}"
+        );
     }
 
     #[test]
     fn an_undo_of_a_state_never_reached_is_caught() {
-        let log = format!("{}undo o1 Charge\nundo o1 Reserve\nend o1 rolled_back", forward(1));
+        let log = format!(
+            "{}undo o1 Charge\nundo o1 Reserve\nend o1 rolled_back",
+            forward(1)
+        );
         let found = problems("rolled_back", &[], &log);
-        assert!(found.iter().any(|p| p.contains("never reached")), "{found:?}");
+        assert!(
+            found.iter().any(|p| p.contains("never reached")),
+            "{found:?}"
+        );
     }
 
     #[test]
@@ -441,8 +479,16 @@ mod checker {
             forward(3)
         );
         let found = problems("rolled_back", &["o1.i0"], &log);
-        assert!(found.iter().any(|p| p.contains("after the order ended")), "{found:?}");
-        assert!(found.iter().any(|p| p.contains("o1.i0: did Pick, never undone")), "{found:?}");
+        assert!(
+            found.iter().any(|p| p.contains("after the order ended")),
+            "{found:?}"
+        );
+        assert!(
+            found
+                .iter()
+                .any(|p| p.contains("o1.i0: did Pick, never undone")),
+            "{found:?}"
+        );
     }
 
     #[test]
@@ -453,23 +499,42 @@ mod checker {
             forward(3)
         );
         let found = problems("rolled_back", &["o1.i0"], &log);
-        assert!(found.iter().any(|p| p.contains("after o1 undid Fulfil")), "{found:?}");
+        assert!(
+            found.iter().any(|p| p.contains("after o1 undid Fulfil")),
+            "{found:?}"
+        );
     }
 
     #[test]
     fn undone_in_the_wrong_order_or_undone_after_success_is_caught() {
-        let log = format!("{}undo o1 Reserve\nundo o1 AwaitPayment\nend o1 rolled_back", forward(2));
+        let log = format!(
+            "{}undo o1 Reserve\nundo o1 AwaitPayment\nend o1 rolled_back",
+            forward(2)
+        );
         let found = problems("rolled_back", &[], &log);
-        assert!(found.iter().any(|p| p.contains("out of order")), "{found:?}");
+        assert!(
+            found.iter().any(|p| p.contains("out of order")),
+            "{found:?}"
+        );
         let log = format!("{}undo o1 Charge\nend o1 succeeded", forward(5));
         let found = problems("succeeded", &[], &log);
-        assert!(found.iter().any(|p| p.contains("although it succeeded")), "{found:?}");
+        assert!(
+            found.iter().any(|p| p.contains("although it succeeded")),
+            "{found:?}"
+        );
     }
 
     #[test]
     fn a_wrong_or_missing_end_is_caught() {
-        let found = problems("rolled_back", &[], &format!("{}end o1 succeeded", forward(5)));
-        assert!(found.iter().any(|p| p.contains("expected rolled_back")), "{found:?}");
+        let found = problems(
+            "rolled_back",
+            &[],
+            &format!("{}end o1 succeeded", forward(5)),
+        );
+        assert!(
+            found.iter().any(|p| p.contains("expected rolled_back")),
+            "{found:?}"
+        );
         let found = problems("succeeded", &[], &forward(2));
         assert!(found.iter().any(|p| p.contains("never ended")), "{found:?}");
     }
@@ -481,6 +546,9 @@ mod checker {
         assert_eq!(check_locks(good, &life), Vec::<String>::new());
         let bad = "sku/0 o5\nsku/0 o5\nsku/0 o6\nsku/0 o6\nsku/0 o5\n";
         let found = check_locks(bad, &life);
-        assert_eq!(found, ["sku/0: o6 wrote inside o5's for-life span (lines 1..=5)"]);
+        assert_eq!(
+            found,
+            ["sku/0: o6 wrote inside o5's for-life span (lines 1..=5)"]
+        );
     }
 }

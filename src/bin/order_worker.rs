@@ -172,7 +172,10 @@ impl Shop {
 
     /// Appends `<key> <owner>` to the key's file, in one write.
     fn lock_line(&self, key: &str, owner: &str) -> std::io::Result<()> {
-        append(&self.locks.join(key.replace('/', "_")), &format!("{key} {owner}"))
+        append(
+            &self.locks.join(key.replace('/', "_")),
+            &format!("{key} {owner}"),
+        )
     }
 
     /// Asks for `event` (a payment request): the driver answers some requests.
@@ -254,16 +257,16 @@ impl OrderStateHandlers for Order {
     /// suspend only if it is not there (a wake before the suspension is then not needed).
     async fn await_payment(&mut self, ctx: &Context<Shop>) -> Step<order_state::AwaitPayment> {
         let shop = ctx.env();
-        if let Some(event) = &self.await_event {
-            if !shop.signalled(event) {
-                shop.effect(&self.name, &format!("start {} AwaitPayment", self.name))
-                    .retryable()?;
-                shop.request(event).retryable()?;
-                // The step still works after its test: the answer may come now, before
-                // the suspension, and its wake must not be lost (guarantee (d)).
-                sleep_ms(self.step_ms / 2).await;
-                return Ok(Flow::suspend(event.clone()));
-            }
+        if let Some(event) = &self.await_event
+            && !shop.signalled(event)
+        {
+            shop.effect(&self.name, &format!("start {} AwaitPayment", self.name))
+                .retryable()?;
+            shop.request(event).retryable()?;
+            // The step still works after its test: the answer may come now, before
+            // the suspension, and its wake must not be lost (guarantee (d)).
+            sleep_ms(self.step_ms / 2).await;
+            return Ok(Flow::suspend(event.clone()));
         }
         self.act(shop, "AwaitPayment").await?;
         Ok(order_state::AwaitPayment::Fulfil.into())
@@ -320,7 +323,11 @@ impl OrderStateHandlers for Order {
             return Ok(Locks::none());
         };
         let locks = Locks::new([Lock::exclusive(&spec.key)?]);
-        Ok(if spec.for_life { locks } else { locks.per_step() })
+        Ok(if spec.for_life {
+            locks
+        } else {
+            locks.per_step()
+        })
     }
 }
 
@@ -343,12 +350,12 @@ impl Item {
 impl ItemStateHandlers for Item {
     async fn pick(&mut self, ctx: &Context<Shop>) -> Step<item_state::Pick> {
         let shop = ctx.env();
-        if let Some(event) = &self.wait_event {
-            if !shop.signalled(event) {
-                shop.effect(&self.order, &format!("start {} Pick", self.name))
-                    .retryable()?;
-                return Ok(Flow::suspend(event.clone()));
-            }
+        if let Some(event) = &self.wait_event
+            && !shop.signalled(event)
+        {
+            shop.effect(&self.order, &format!("start {} Pick", self.name))
+                .retryable()?;
+            return Ok(Flow::suspend(event.clone()));
         }
         if self.fail {
             shop.effect(&self.order, &format!("start {} Pick", self.name))
@@ -449,7 +456,11 @@ fn plan(seed: u64, count: u32, span_ms: u64) -> Plan {
     }
     // The slowest customer pays at the end of the span: the work lasts at least that long,
     // so the kills land on a worker with work left.
-    if let Some(last) = plan.signals.iter_mut().rfind(|s| s.event.starts_with("pay-")) {
+    if let Some(last) = plan
+        .signals
+        .iter_mut()
+        .rfind(|s| s.event.starts_with("pay-"))
+    {
         last.delay_ms = span_ms;
         last.after_request = false;
     }
@@ -735,7 +746,10 @@ async fn run_orders(
             sleep_ms((epoch + order.arrival_ms).saturating_sub(now_ms())).await;
             let id = submit(&executor, &order).await?;
             let label = format!("{} ({})", order.name, order.kind);
-            submitted.lock().unwrap_or_else(|e| e.into_inner()).push((id, label));
+            submitted
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push((id, label));
             wait_one(executor, id, order.name).await
         });
     }
@@ -772,7 +786,11 @@ async fn submit(executor: &Executor<Shop>, order: &Order) -> Result<ProcedureId,
 
 /// Waits for one order and records `end <order> <outcome>`; returns the outcome's slot in
 /// the counts.
-async fn wait_one(executor: Executor<Shop>, id: ProcedureId, name: String) -> Result<usize, String> {
+async fn wait_one(
+    executor: Executor<Shop>,
+    id: ProcedureId,
+    name: String,
+) -> Result<usize, String> {
     let (slot, outcome) = match executor.wait(id).await.map_err(|e| e.to_string())? {
         Outcome::Succeeded => (0, "succeeded"),
         Outcome::RolledBack(_) => (1, "rolled_back"),
