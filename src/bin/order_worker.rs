@@ -24,7 +24,7 @@
 //! | `child-fails` | 3–4 items: one fails fatally at once, its siblings are slow or suspended on `hold-<order>` (signalled late, or never) | rolled back |
 //! | `timeout-event` | a procedure timeout, `AwaitPayment` waits for `never-<order>` | rolled back |
 //! | `timeout-children` | a procedure timeout shorter than its slow items | rolled back |
-//! | `life-lock` | exclusive `sku/<k>` held for life; some fail at `Charge` (rolled back while holding) | succeeded or rolled back |
+//! | `life-lock` | exclusive `sku/0` or `sku/1` held for life, with or without items; some fail at `Charge` (rolled back while holding) | succeeded or rolled back |
 //! | `step-lock` | the same keys, exclusive per step | succeeded |
 //!
 //! # Effects (outside the store)
@@ -36,8 +36,8 @@
 //!   again), so a step re-run after a kill leaves no duplicate; `--break-idempotence`
 //!   writes unconditionally, which the checker must catch.
 //! - `DIR/locks/<key>`: a step holding lock `<key>` appends `<key> <owner>` when it begins
-//!   and when it ends (a rollback step of a for-life holder too), each in one `O_APPEND`
-//!   write. `--break-locks` makes the per-step lockers declare no lock (they still write
+//!   and when it ends (a rollback step of a for-life holder too; not the first step of a
+//!   for-life holder, see `Order::act`), each in one `O_APPEND` write. `--break-locks` makes the per-step lockers declare no lock (they still write
 //!   the lines), which the checker must catch.
 //!
 //! # Events
@@ -46,9 +46,12 @@
 //! epoch is the first run's start, in `DIR/epoch`, so delays span the kills), or for
 //! the quick payers `delay` after the request file was written: it creates
 //! `DIR/signals/<event>`, then wakes the event once. Steps test that file before they
-//! suspend (condition-variable style), so a wake that comes before the suspension is
-//! not needed. After a restart the driver wakes every event already signalled once, at
-//! startup: it cannot know which wake-ups a killed process had delivered.
+//! suspend (condition-variable style): a signal set before the step runs is seen there;
+//! a wake that lands after the test, while the step that will suspend still runs, must
+//! not be lost (guarantee (d)), and the quick payers make that happen often. After a
+//! restart the driver wakes every event already signalled once, at startup: it cannot
+//! know which wake-ups a killed process had delivered. The wake is one function,
+//! `wake`, for the switch to the durable (async) `Executor::wake`.
 //!
 //! Prints `orders N succeeded S rolled_back R failed F` and exits 0 once every order and
 //! every child has ended. With `--finish-within`, prints what is still live and exits 3
@@ -846,7 +849,10 @@ async fn drive_signals(executor: Executor<Shop>, mut pending: Vec<Signal>, epoch
                 eprintln!("order_worker: cannot signal {event}: {error}");
                 std::process::exit(1);
             }
-            wake(&executor, &event).await;
+            if let Err(error) = wake(&executor, &event).await {
+                eprintln!("order_worker: cannot wake {event}: {error}");
+                std::process::exit(1);
+            }
         }
         if pending.is_empty() {
             return;
@@ -870,8 +876,9 @@ fn due_at(dir: &Path, signal: &Signal, epoch: u64) -> Option<u64> {
     Some(u64::try_from(asked).unwrap_or(u64::MAX) + signal.delay_ms)
 }
 
-/// The one call of `Executor::wake`: when it becomes `async` and fallible (durable
-/// wake-ups), this is the only line to change.
-async fn wake(executor: &Executor<Shop>, event: &str) {
-    let _woken = executor.wake(event);
+/// The one call of `Executor::wake`. When it becomes `async` and fallible (durable
+/// wake-ups), this is the only line to change:
+/// `executor.wake(event).await.map_err(|e| e.to_string())`.
+async fn wake(executor: &Executor<Shop>, event: &str) -> Result<usize, String> {
+    Ok(executor.wake(event))
 }
