@@ -1,16 +1,18 @@
 //! A real process crash test of an order workload: `order_worker` (see its module docs for
 //! the workload) runs 42 orders with child procedures, procedure timeouts, contended
-//! locks and events on a durable `WalStore`, and is killed with SIGKILL at seeded random
+//! locks, events and a point of no return on a durable `WalStore`, and is killed with SIGKILL at seeded random
 //! moments, at least 32 times, then runs once more until everything ended (at most 60 s).
 //! Then the effects it recorded outside the store are checked:
 //!
-//! 1. **Every order ended**, as its plan says (succeeded or rolled back), and so did every
-//!    child (the final run reports what is still live).
+//! 1. **Every order ended**, as its plan says (succeeded, rolled back, or stuck), and so did
+//!    every child (the final run reports what is still live).
 //! 2. **Idempotence**: no effect line twice (a step re-run after a kill must not repeat
 //!    what it did).
 //! 3. **Nothing after the end**: no effect of an order's tree after its `end` line (a
 //!    child still running after its order ended).
-//! 4. **Succeeded trees**: every state of every procedure done, nothing undone.
+//! 4. **Succeeded trees**: every state of every procedure done, nothing undone. **Stuck
+//!    trees** (`Ship`, past the point of no return, failed for good): everything before
+//!    `Ship` done, `Ship` not done, nothing undone.
 //! 5. **Rolled-back trees**, per procedure: every `do` of a `#[rollback]` state has
 //!    exactly one `undo`, after it; nothing past the point of no return (`Ship`) was done;
 //!    undos run newest first; the items are undone before their order undoes `Fulfil`
@@ -256,6 +258,7 @@ fn check_order<'a>(order: &Planned, text: &'a str) -> (&'a str, Vec<String>) {
         match outcome {
             "succeeded" => problems.extend(check_succeeded(proc, &mine)),
             "rolled_back" => problems.extend(check_rolled_back(proc, &mine)),
+            "stuck" => problems.extend(check_stuck(proc, &mine)),
             _ => {}
         }
     }
@@ -290,6 +293,25 @@ fn check_succeeded(proc: &str, mine: &[(usize, Effect<'_>)]) -> Vec<String> {
     }
     for (_, e) in mine.iter().filter(|(_, e)| e.verb == "undo") {
         problems.push(format!("{proc}: {} undone although it succeeded", e.state));
+    }
+    problems
+}
+
+/// Check 4 for one procedure of a stuck tree: everything before the point of no return
+/// done, nothing past it done, nothing undone.
+fn check_stuck(proc: &str, mine: &[(usize, Effect<'_>)]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (state, undoable) in states_of(proc) {
+        let done = mine
+            .iter()
+            .any(|(_, e)| e.verb == "do" && e.state == *state);
+        if done != *undoable {
+            let what = if done { "did" } else { "did not do" };
+            problems.push(format!("{proc}: stuck, yet {what} {state}"));
+        }
+    }
+    for (_, e) in mine.iter().filter(|(_, e)| e.verb == "undo") {
+        problems.push(format!("{proc}: {} undone although stuck", e.state));
     }
     problems
 }
@@ -520,6 +542,18 @@ mod checker {
         let found = problems("succeeded", &[], &log);
         assert!(
             found.iter().any(|p| p.contains("although it succeeded")),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_stuck_order_must_keep_its_work() {
+        let log = format!("{}start o1 Ship\nend o1 stuck", forward(4));
+        assert_eq!(problems("stuck", &[], &log), Vec::<String>::new());
+        let log = format!("{}start o1 Ship\nundo o1 Charge\nend o1 stuck", forward(4));
+        let found = problems("stuck", &[], &log);
+        assert!(
+            found.iter().any(|p| p.contains("undone although stuck")),
             "{found:?}"
         );
     }

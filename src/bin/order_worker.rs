@@ -26,6 +26,7 @@
 //! | `timeout-children` | a procedure timeout shorter than its slow items | rolled back |
 //! | `life-lock` | exclusive `sku/0` or `sku/1` held for life, with or without items; some fail at `Charge` (rolled back while holding) | succeeded or rolled back |
 //! | `step-lock` | the same keys, exclusive per step | succeeded |
+//! | `stuck` | `Ship` (`#[no_rollback]`) fails fatally: the order must become `Stuck`, visibly, not retry forever | stuck |
 //!
 //! # Effects (outside the store)
 //!
@@ -53,12 +54,12 @@
 //! know which wake-ups a killed process had delivered. The wake is one function,
 //! `wake`, for the switch to the durable (async) `Executor::wake`.
 //!
-//! Prints `orders N succeeded S rolled_back R failed F` and exits 0 once every order and
-//! every child has ended. With `--finish-within`, prints what is still live and exits 3
+//! Prints `orders N succeeded S rolled_back R failed F stuck T` and exits 0 once every
+//! order and every child has ended (or is stuck). With `--finish-within`, prints what is still live and exits 3
 //! if that takes longer. Exits 1 on any error.
 
 use procflow::ProcedureId;
-use procflow::executor::{Executor, Outcome, SubmitOptions};
+use procflow::executor::{Executor, Status, SubmitOptions};
 use procflow::prelude::*;
 use procflow::store::{WalConfig, WalStore};
 use serde::{Deserialize, Serialize};
@@ -129,6 +130,8 @@ struct Order {
     await_event: Option<String>,
     items: Vec<Item>,
     fail_charge: bool,
+    /// `Ship`, past the point of no return, fails fatally (the carrier refuses for good).
+    fail_ship: bool,
     step_ms: u64,
     timeout_ms: Option<u64>,
     /// When the driver submits it, after the epoch: orders arrive over the span, so some
@@ -301,7 +304,16 @@ impl OrderStateHandlers for Order {
     }
 
     async fn ship(&mut self, ctx: &Context<Shop>) -> Step<order_state::Ship> {
-        self.act(ctx.env(), "Ship").await?;
+        let shop = ctx.env();
+        if self.fail_ship {
+            shop.effect(&self.name, &format!("start {} Ship", self.name))
+                .retryable()?;
+            return Err(Error::fatal(format!(
+                "{}: the carrier refuses it",
+                self.name
+            )));
+        }
+        self.act(shop, "Ship").await?;
         Ok(order_state::Ship::Done.into())
     }
 
@@ -417,7 +429,7 @@ impl Rng {
     }
 }
 
-const KINDS: [&str; 7] = [
+const KINDS: [&str; 8] = [
     "plain",
     "paid",
     "child-fails",
@@ -425,6 +437,7 @@ const KINDS: [&str; 7] = [
     "timeout-children",
     "life-lock",
     "step-lock",
+    "stuck",
 ];
 
 /// The contended lock keys.
@@ -486,6 +499,7 @@ fn plan_order(
         await_event: None,
         items: Vec::new(),
         fail_charge: false,
+        fail_ship: false,
         step_ms: rng.range(20, 120),
         timeout_ms: None,
         arrival_ms: rng.range(0, span_ms * 3 / 4),
@@ -566,6 +580,11 @@ fn plan_order(
                 order.items = (0..2).map(|i| item(rng, i, 100)).collect();
             }
         }
+        "stuck" => {
+            let n = rng.range(0, 2) as usize;
+            order.items = (0..n).map(|i| item(rng, i, 100)).collect();
+            order.fail_ship = true;
+        }
         _ => unreachable!("unknown kind {kind}"),
     }
     order
@@ -574,6 +593,9 @@ fn plan_order(
 impl Order {
     /// How it must end.
     fn expected(&self) -> &'static str {
+        if self.fail_ship {
+            return "stuck";
+        }
         let fails = self.fail_charge
             || self.timeout_ms.is_some()
             || self.items.iter().any(|item| item.fail);
@@ -720,11 +742,12 @@ async fn run() -> Result<bool, Failure> {
     };
     executor.shutdown().await?;
     println!(
-        "orders {} succeeded {} rolled_back {} failed {}",
+        "orders {} succeeded {} rolled_back {} failed {} stuck {}",
         plan.orders.len(),
         counts[0],
         counts[1],
-        counts[2]
+        counts[2],
+        counts[3]
     );
     Ok(true)
 }
@@ -734,13 +757,13 @@ type Submitted = Arc<std::sync::Mutex<Vec<(ProcedureId, String)>>>;
 
 /// Submits every order at its arrival (the nonce finds the ones an earlier run
 /// submitted) and waits for it, recording its end in its effect file; then waits for
-/// every child. Returns the counts of succeeded, rolled back and failed orders.
+/// every child. Returns the counts of succeeded, rolled back, failed and stuck orders.
 async fn run_orders(
     executor: &Executor<Shop>,
     orders: &[Order],
     epoch: u64,
     submitted: &Submitted,
-) -> Result<[u32; 3], Failure> {
+) -> Result<[u32; 4], Failure> {
     let mut orders_ended = tokio::task::JoinSet::new();
     for order in orders {
         let (executor, submitted) = (executor.clone(), Arc::clone(submitted));
@@ -756,7 +779,7 @@ async fn run_orders(
             wait_one(executor, id, order.name).await
         });
     }
-    let mut counts = [0; 3];
+    let mut counts = [0; 4];
     while let Some(ended) = orders_ended.join_next().await {
         counts[ended??] += 1;
     }
@@ -764,7 +787,7 @@ async fn run_orders(
     while executor
         .list()
         .iter()
-        .any(|info| !info.status.is_finished())
+        .any(|info| ended_as(&info.status).is_none())
     {
         sleep_ms(50).await;
     }
@@ -787,6 +810,19 @@ async fn submit(executor: &Executor<Shop>, order: &Order) -> Result<ProcedureId,
         .map_err(|e| format!("submit {}: {e}", order.name))
 }
 
+/// How a procedure with `status` ended, if it did, and its slot in the counts: succeeded,
+/// rolled back, failed, or stuck past its point of no return. `Stuck` is matched by
+/// name: the status the executor is getting (guarantee (e)) is not in this build yet.
+fn ended_as(status: &Status) -> Option<(usize, &'static str)> {
+    match status {
+        Status::Succeeded => Some((0, "succeeded")),
+        Status::RolledBack => Some((1, "rolled_back")),
+        Status::Failed => Some((2, "failed")),
+        other if format!("{other:?}").starts_with("Stuck") => Some((3, "stuck")),
+        _ => None,
+    }
+}
+
 /// Waits for one order and records `end <order> <outcome>`; returns the outcome's slot in
 /// the counts.
 async fn wait_one(
@@ -794,11 +830,18 @@ async fn wait_one(
     id: ProcedureId,
     name: String,
 ) -> Result<usize, String> {
-    let (slot, outcome) = match executor.wait(id).await.map_err(|e| e.to_string())? {
-        Outcome::Succeeded => (0, "succeeded"),
-        Outcome::RolledBack(_) => (1, "rolled_back"),
-        Outcome::Failed(_) => (2, "failed"),
-    };
+    let mut info = executor
+        .subscribe(id)
+        .ok_or(format!("{name}: unknown id {id}"))?;
+    // `wait` returns when it finished (or the executor stopped); a stuck order does not
+    // finish, so its status is watched too.
+    let stuck = info.wait_for(|i| ended_as(&i.status).is_some_and(|(slot, _)| slot == 3));
+    tokio::select! {
+        waited = executor.wait(id) => drop(waited.map_err(|e| format!("{name}: {e}"))?),
+        seen = stuck => drop(seen.map_err(|e| format!("{name}: {e}"))?),
+    }
+    let status = executor.state(id).map_or(Status::Runnable, |i| i.status);
+    let (slot, outcome) = ended_as(&status).ok_or(format!("{name}: ended as {status:?}"))?;
     let line = format!("end {name} {outcome}");
     executor
         .env()
