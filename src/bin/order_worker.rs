@@ -855,7 +855,7 @@ fn report_live(executor: &Executor<Shop>, submitted: &Submitted) {
     let ids = submitted.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let name = |id: Option<ProcedureId>| {
         id.and_then(|id| ids.iter().find(|(i, _)| *i == id))
-            .map_or_else(String::new, |(_, label)| label.clone())
+            .map_or_else(|| "-".to_owned(), |(_, label)| label.clone())
     };
     for info in executor.list() {
         if !info.status.is_finished() {
