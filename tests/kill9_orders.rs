@@ -89,10 +89,10 @@ fn final_run_problems(output: &std::process::Output) -> Vec<String> {
         Some(0) => Vec::new(),
         Some(3) => stderr
             .lines()
-            .map(|line| format!("not ended within {FINISH_WITHIN} s: {line}"))
+            .map(|line| format!("[1 ended] not ended within {FINISH_WITHIN} s: {line}"))
             .collect(),
         _ => vec![format!(
-            "the final run failed ({}): {stderr}",
+            "[1 ended] the final run failed ({}): {stderr}",
             output.status
         )],
     }
@@ -104,10 +104,24 @@ fn orders_survive_kill_9() {
     let problems = kill_and_check(seed, &[]);
     assert!(
         problems.is_empty(),
-        "{} problems (seed {seed}):\n{}",
+        "{} problems (seed {seed}), by check: {:?}\n{}",
         problems.len(),
+        by_check(&problems),
         problems.join("\n")
     );
+}
+
+/// How many problems each check found (problems start with `[<check>]`).
+fn by_check(problems: &[String]) -> BTreeMap<&str, usize> {
+    let mut counts = BTreeMap::new();
+    for problem in problems {
+        let check = problem
+            .strip_prefix('[')
+            .and_then(|p| p.split_once(']'))
+            .map_or("?", |(check, _)| check);
+        *counts.entry(check).or_default() += 1;
+    }
+    counts
 }
 
 /// The checker catches a worker whose effects are not idempotent and whose per-step
@@ -233,20 +247,23 @@ fn check_order<'a>(order: &Planned, text: &'a str) -> (&'a str, Vec<String>) {
         .filter(|&i| effects[i].verb == "end")
         .collect();
     let Some(&end) = ends.first() else {
-        problems.push(format!("{}: never ended", order.name));
+        problems.push(format!("[1 ended] {}: never ended", order.name));
         return ("none", problems);
     };
     let outcome = effects[end].state;
     if outcome != order.expect {
         let expect = &order.expect;
         problems.push(format!(
-            "{}: ended {outcome}, expected {expect}",
+            "[1 ended] {}: ended {outcome}, expected {expect}",
             order.name
         ));
     }
     for effect in effects[end..].iter().filter(|e| e.verb != "end") {
         let what = format!("{} {} {}", effect.verb, effect.proc, effect.state);
-        problems.push(format!("{}: `{what}` after the order ended", order.name));
+        problems.push(format!(
+            "[3 after end] {}: `{what}` after the order ended",
+            order.name
+        ));
     }
     for proc in &order.procs {
         let mine: Vec<(usize, Effect<'_>)> = effects
@@ -276,7 +293,9 @@ fn duplicates(order: &str, text: &str) -> Vec<String> {
     }
     seen.into_iter()
         .filter(|(_, n)| *n > 1)
-        .map(|(line, n)| format!("{order}: `{line}` written {n} times (twice or more)"))
+        .map(|(line, n)| {
+            format!("[2 idempotence] {order}: `{line}` written {n} times (twice or more)")
+        })
         .collect()
 }
 
@@ -288,11 +307,16 @@ fn check_succeeded(proc: &str, mine: &[(usize, Effect<'_>)]) -> Vec<String> {
             .iter()
             .any(|(_, e)| e.verb == "do" && e.state == *state)
         {
-            problems.push(format!("{proc}: succeeded without doing {state}"));
+            problems.push(format!(
+                "[4 succeeded] {proc}: succeeded without doing {state}"
+            ));
         }
     }
     for (_, e) in mine.iter().filter(|(_, e)| e.verb == "undo") {
-        problems.push(format!("{proc}: {} undone although it succeeded", e.state));
+        problems.push(format!(
+            "[4 succeeded] {proc}: {} undone although it succeeded",
+            e.state
+        ));
     }
     problems
 }
@@ -307,11 +331,14 @@ fn check_stuck(proc: &str, mine: &[(usize, Effect<'_>)]) -> Vec<String> {
             .any(|(_, e)| e.verb == "do" && e.state == *state);
         if done != *undoable {
             let what = if done { "did" } else { "did not do" };
-            problems.push(format!("{proc}: stuck, yet {what} {state}"));
+            problems.push(format!("[4 stuck] {proc}: stuck, yet {what} {state}"));
         }
     }
     for (_, e) in mine.iter().filter(|(_, e)| e.verb == "undo") {
-        problems.push(format!("{proc}: {} undone although stuck", e.state));
+        problems.push(format!(
+            "[4 stuck] {proc}: {} undone although stuck",
+            e.state
+        ));
     }
     problems
 }
@@ -332,14 +359,20 @@ fn check_rolled_back(proc: &str, mine: &[(usize, Effect<'_>)]) -> Vec<String> {
         let (done, undone) = (at("do", state), at("undo", state));
         match (done.first(), undone.as_slice()) {
             (Some(_), _) if !undoable => {
-                problems.push(format!("{proc}: did {state} (no return) yet rolled back"));
+                problems.push(format!(
+                    "[5 rollback] {proc}: did {state} (no return) yet rolled back"
+                ));
             }
-            (Some(_), []) => problems.push(format!("{proc}: did {state}, never undone")),
+            (Some(_), []) => {
+                problems.push(format!("[5 rollback] {proc}: did {state}, never undone"))
+            }
             (Some(d), [u, ..]) if u < d => {
-                problems.push(format!("{proc}: {state} undone before it was done"));
+                problems.push(format!(
+                    "[5 rollback] {proc}: {state} undone before it was done"
+                ));
             }
             (None, [_, ..]) if Some(index) != current => problems.push(format!(
-                "{proc}: undid {state}, which it never reached (current state: {})",
+                "[5 rollback] {proc}: undid {state}, which it never reached (current state: {})",
                 current.map_or("none", |c| states[c].0)
             )),
             _ => {}
@@ -351,7 +384,9 @@ fn check_rolled_back(proc: &str, mine: &[(usize, Effect<'_>)]) -> Vec<String> {
         .map(|(_, e)| states.iter().position(|(s, _)| *s == e.state).unwrap_or(0))
         .collect();
     if undos.windows(2).any(|w| w[0] < w[1]) {
-        problems.push(format!("{proc}: undone out of order (not newest first)"));
+        problems.push(format!(
+            "[5 rollback] {proc}: undone out of order (not newest first)"
+        ));
     }
     problems
 }
@@ -370,7 +405,7 @@ fn check_tree_order(order: &Planned, effects: &[Effect<'_>]) -> Vec<String> {
         .map(|e| {
             let name = &order.name;
             format!(
-                "{}: {} undone after {name} undid Fulfil (its spawn)",
+                "[5 rollback] {}: {} undone after {name} undid Fulfil (its spawn)",
                 e.proc, e.state
             )
         })
@@ -399,7 +434,7 @@ fn check_locks(text: &str, life: &BTreeSet<&str>) -> Vec<String> {
         for intruder in intruders {
             let key = lines[first].0;
             problems.push(format!(
-                "{key}: {intruder} wrote inside {holder}'s for-life span (lines {}..={})",
+                "[6 lock span] {key}: {intruder} wrote inside {holder}'s for-life span (lines {}..={})",
                 first + 1,
                 last + 1
             ));
@@ -582,7 +617,7 @@ mod checker {
         let found = check_locks(bad, &life);
         assert_eq!(
             found,
-            ["sku/0: o6 wrote inside o5's for-life span (lines 1..=5)"]
+            ["[6 lock span] sku/0: o6 wrote inside o5's for-life span (lines 1..=5)"]
         );
     }
 }
