@@ -109,7 +109,7 @@ enum ItemState {
     Done,
 }
 
-/// The lock an order declares.
+/// The lock an order declares: `key`, exclusive, for life or per step.
 #[derive(Serialize, Deserialize, Clone, Debug)]
 struct LockSpec {
     key: String,
@@ -121,18 +121,24 @@ struct LockSpec {
 struct Order {
     /// `o<index>`: the name in effects, lock lines and the nonce.
     name: String,
+    /// One of [`KINDS`].
     kind: String,
+    /// The key it locks (and writes lock lines to), if any.
     lock: Option<LockSpec>,
     /// Whether `locks` declares `lock` (only `--break-locks` says no: the steps then
     /// write their lock lines without holding the key).
     declare_lock: bool,
     /// `AwaitPayment` waits until this event is signalled.
     await_event: Option<String>,
+    /// Spawned by `Fulfil`.
     items: Vec<Item>,
+    /// `Charge` fails fatally (the tree rolls back).
     fail_charge: bool,
     /// `Ship`, past the point of no return, fails fatally (the carrier refuses for good).
     fail_ship: bool,
+    /// How long each step works.
     step_ms: u64,
+    /// The procedure timeout (`SubmitOptions::timeout`).
     timeout_ms: Option<u64>,
     /// When the driver submits it, after the epoch: orders arrive over the span, so some
     /// arrive (and suspend, and get paid) during the final run, where no restart heals a
@@ -151,15 +157,21 @@ struct Item {
     fail: bool,
     /// `Pick` waits until this event is signalled.
     wait_event: Option<String>,
+    /// How long each step works.
     step_ms: u64,
 }
 
 /// What the handlers share: where effects, lock lines and signals live.
 struct Shop {
+    /// `DIR/effects`: one file per order tree.
     effects: PathBuf,
+    /// `DIR/locks`: one file per lock key.
     locks: PathBuf,
+    /// `DIR/signals`: the driver's signals and the orders' payment requests.
     signals: PathBuf,
+    /// Effects are written once (not with `--break-idempotence`).
     idempotent: bool,
+    /// `--break-locks`.
     break_locks: bool,
 }
 
@@ -624,6 +636,7 @@ impl Order {
     }
 }
 
+/// The command line (see the module docs).
 struct Args {
     dir: PathBuf,
     seed: u64,
