@@ -26,6 +26,7 @@
 //! | `timeout-children` | a procedure timeout shorter than its slow items | rolled back |
 //! | `life-lock` | exclusive `sku/0` or `sku/1` held for life, with or without items; some fail at `Charge` (rolled back while holding) | succeeded or rolled back |
 //! | `step-lock` | the same keys, exclusive per step | succeeded |
+//! | `cancelled` | `AwaitPayment` waits for `never-<order>` until the driver aborts the order (again at each restart: an abort is not persisted) | rolled back |
 //! | `stuck` | `Ship` (`#[no_rollback]`) fails fatally: the order must become `Stuck`, visibly, not retry forever | stuck |
 //!
 //! # Effects (outside the store)
@@ -140,6 +141,8 @@ struct Order {
     step_ms: u64,
     /// The procedure timeout (`SubmitOptions::timeout`).
     timeout_ms: Option<u64>,
+    /// When the customer cancels it (`Executor::abort`), after the epoch.
+    cancel_ms: Option<u64>,
     /// When the driver submits it, after the epoch: orders arrive over the span, so some
     /// arrive (and suspend, and get paid) during the final run, where no restart heals a
     /// lost wake-up.
@@ -441,7 +444,7 @@ impl Rng {
     }
 }
 
-const KINDS: [&str; 8] = [
+const KINDS: [&str; 9] = [
     "plain",
     "paid",
     "child-fails",
@@ -450,6 +453,7 @@ const KINDS: [&str; 8] = [
     "life-lock",
     "step-lock",
     "stuck",
+    "cancelled",
 ];
 
 /// The contended lock keys.
@@ -514,6 +518,7 @@ fn plan_order(
         fail_ship: false,
         step_ms: rng.range(20, 120),
         timeout_ms: None,
+        cancel_ms: None,
         arrival_ms: rng.range(0, span_ms * 3 / 4),
     };
     let item = |rng: &mut Rng, i: usize, step_ms: u64| Item {
@@ -597,6 +602,11 @@ fn plan_order(
             order.items = (0..n).map(|i| item(rng, i, 100)).collect();
             order.fail_ship = true;
         }
+        "cancelled" => {
+            // Waits for a payment that never comes, until the customer cancels.
+            order.await_event = Some(format!("never-{name}"));
+            order.cancel_ms = Some(order.arrival_ms + rng.range(200, span_ms / 2));
+        }
         _ => unreachable!("unknown kind {kind}"),
     }
     order
@@ -610,6 +620,7 @@ impl Order {
         }
         let fails = self.fail_charge
             || self.timeout_ms.is_some()
+            || self.cancel_ms.is_some()
             || self.items.iter().any(|item| item.fail);
         if fails { "rolled_back" } else { "succeeded" }
     }
@@ -784,6 +795,9 @@ async fn run_orders(
         orders_ended.spawn(async move {
             sleep_ms((epoch + order.arrival_ms).saturating_sub(now_ms())).await;
             let id = submit(&executor, &order).await?;
+            if let Some(at) = order.cancel_ms {
+                tokio::spawn(cancel(executor.clone(), id, epoch + at));
+            }
             let label = format!("{} ({})", order.name, order.kind);
             submitted
                 .lock()
@@ -805,6 +819,16 @@ async fn run_orders(
         sleep_ms(50).await;
     }
     Ok(counts)
+}
+
+/// Aborts order `id` at `at` (ms since the Unix epoch): at once in a run that starts
+/// later, since an abort is not persisted and the customer asks again after a restart.
+async fn cancel(executor: Executor<Shop>, id: ProcedureId, at: u64) {
+    sleep_ms(at.saturating_sub(now_ms())).await;
+    if let Err(error) = executor.abort(id) {
+        eprintln!("order_worker: cannot cancel {id}: {error}");
+        std::process::exit(1);
+    }
 }
 
 /// Submits `order` with its nonce and timeout.
