@@ -1,7 +1,8 @@
 //! A real process crash test of an order workload: `order_worker` (see its module docs for
 //! the workload) runs 42 orders with child procedures, procedure timeouts, aborts,
-//! contended locks, events and a point of no return on a durable `WalStore`, and is killed with SIGKILL at seeded random
-//! moments, at least 32 times, then runs once more until everything ended (at most 60 s).
+//! contended locks, events and a point of no return on a durable `WalStore`, and is
+//! killed with SIGKILL at seeded random moments, at least 32 times, then runs once more
+//! until everything ended (at most 60 s).
 //! Then the effects it recorded outside the store are checked:
 //!
 //! 1. **Every order ended**, as its plan says (succeeded, rolled back, or stuck), and so did
