@@ -7,9 +7,10 @@
 
 #![cfg(unix)]
 
+mod kill_loop;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 const PROCEDURES: u32 = 200;
 const STEPS: u32 = 20;
@@ -32,40 +33,23 @@ fn worker(dir: &Path, extra: &[&str]) -> Command {
 /// Kills the worker at random moments until `KILLS` kills landed on a running worker,
 /// then lets it finish. Returns the final run's stdout.
 fn crash_and_finish(dir: &Path, extra: &[&str], seed: u64) -> String {
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let mut kills = 0;
-    let started = Instant::now();
-    while kills < KILLS {
-        let mut child = worker(dir, extra).spawn().expect("start crash_worker");
-        std::thread::sleep(Duration::from_millis(rng.u64(30..300)));
-        match child.try_wait().expect("poll crash_worker") {
-            None => {
-                child.kill().expect("SIGKILL crash_worker"); // `kill` sends SIGKILL on Unix.
-                child.wait().expect("reap crash_worker");
-                kills += 1;
-            }
-            Some(status) => {
-                let output = child.wait_with_output().expect("output");
-                assert!(
-                    status.success(),
-                    "crash_worker failed after {kills} kills: {}",
-                    String::from_utf8_lossy(&output.stderr)
-                );
-                panic!("the work ended after only {kills} kills; give it more steps");
-            }
-        }
-    }
-    let output = worker(dir, extra).output().expect("final crash_worker run");
+    let run = kill_loop::kill_then_finish(
+        || worker(dir, extra),
+        || worker(dir, extra),
+        KILLS,
+        30..300,
+        seed,
+    );
     assert!(
-        output.status.success(),
+        run.last.status.success(),
         "final run failed: {}",
-        String::from_utf8_lossy(&output.stderr)
+        String::from_utf8_lossy(&run.last.stderr)
     );
     println!(
-        "{kills} kills, then a clean run, in {:.1?} (seed {seed})",
-        started.elapsed()
+        "{} kills, then a clean run, in {:.1?} (seed {seed})",
+        run.kills, run.elapsed
     );
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    String::from_utf8_lossy(&run.last.stdout).into_owned()
 }
 
 /// Every ledger holds each step exactly once, in order.
@@ -83,10 +67,7 @@ fn ledger_problems(dir: &Path) -> Vec<String> {
 
 #[test]
 fn every_step_lands_exactly_once_across_kill_9() {
-    let seed = std::env::var("PROCFLOW_KILL_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0x5eed_f10e);
+    let seed = kill_loop::seed(0x5eed_f10e);
     let dir = tempfile::tempdir().unwrap();
     let stdout = crash_and_finish(dir.path(), &[], seed);
     assert_eq!(
