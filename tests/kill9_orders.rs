@@ -25,9 +25,9 @@
 //! 6. **For-life locks**: in each `locks/<key>` file, no line of another owner between a
 //!    for-life holder's first and last line (it holds the key across kills and restarts).
 //!
-//! The checker is tested on hand-made bad logs below; `cargo test --test kill9_orders --
-//! --ignored` also runs the workload with `--break-idempotence --break-locks` and expects
-//! checks 2 and 6 to fail.
+//! The checker is tested on hand-made bad logs below, and
+//! `checker_catches_a_broken_worker` runs the workload with `--break-idempotence
+//! --break-locks` and expects checks 2 and 6 to fail.
 //!
 //! `PROCFLOW_KILL_SEED=<n>` replays a run (kill moments and plan; the timing of threads
 //! and disks still varies); the seed is printed. A run takes about 20 s when everything
@@ -131,7 +131,6 @@ fn by_check(problems: &[String]) -> BTreeMap<&str, usize> {
 /// The checker catches a worker whose effects are not idempotent and whose per-step
 /// lockers do not lock.
 #[test]
-#[ignore = "a second full run (about a minute); run it after changing the checker"]
 fn checker_catches_a_broken_worker() {
     let seed = kill_loop::seed(0x0dde_5eed);
     let problems = kill_and_check(seed, &["--break-idempotence", "--break-locks"]);

@@ -960,5 +960,5 @@ fn due_at(dir: &Path, signal: &Signal, epoch: u64) -> Option<u64> {
 /// wake-ups), this is the only line to change:
 /// `executor.wake(event).await.map_err(|e| e.to_string())`.
 async fn wake(executor: &Executor<Shop>, event: &str) -> Result<usize, String> {
-    Ok(executor.wake(event))
+    executor.wake(event).await.map_err(|e| e.to_string())
 }
