@@ -232,6 +232,19 @@ async fn status_is(executor: &Executor<Ledger>, id: ProcedureId, wanted: impl Fn
         .unwrap();
 }
 
+/// Submit options with a timeout of `ms` milliseconds.
+fn within(ms: u64) -> SubmitOptions {
+    SubmitOptions::default().timeout(Duration::from_millis(ms))
+}
+
+/// Waits for `id` to end, and checks that it rolled back because it timed out.
+async fn times_out(executor: &Executor<Ledger>, id: ProcedureId) {
+    let Outcome::RolledBack(error) = outcome(executor, id).await else {
+        panic!("expected a rollback");
+    };
+    assert!(error.to_string().contains("timed out"), "{error}");
+}
+
 /// Where `event` stands in the ledger (panics if it is not there).
 fn position(ledger: &Ledger, event: &str) -> usize {
     ledger
@@ -387,15 +400,11 @@ async fn p03_deadline_ends_a_procedure_waiting_for_an_event() {
         suspend_at: Some(2),
         ..Counter::named("p")
     };
-    let options = SubmitOptions::default().timeout(Duration::from_millis(200));
     let id = executor
-        .submit_with::<CounterState>(counter, options)
+        .submit_with::<CounterState>(counter, within(200))
         .await
         .unwrap();
-    let Outcome::RolledBack(error) = outcome(&executor, id).await else {
-        panic!("expected a rollback");
-    };
-    assert!(error.to_string().contains("timed out"), "{error}");
+    times_out(&executor, id).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -410,15 +419,11 @@ async fn p03_deadline_ends_a_procedure_waiting_for_children() {
         }],
         ..Tree::default()
     };
-    let options = SubmitOptions::default().timeout(Duration::from_millis(200));
     let id = executor
-        .submit_with::<TreeState>(tree, options)
+        .submit_with::<TreeState>(tree, within(200))
         .await
         .unwrap();
-    let Outcome::RolledBack(error) = outcome(&executor, id).await else {
-        panic!("expected a rollback");
-    };
-    assert!(error.to_string().contains("timed out"), "{error}");
+    times_out(&executor, id).await;
     assert_eq!(ledger.count("never undo start"), 1, "{:?}", ledger.events());
 }
 
@@ -439,15 +444,11 @@ async fn p03_deadline_ends_a_procedure_waiting_for_a_lock() {
         key: "t".into(),
         ..Locker::default()
     };
-    let options = SubmitOptions::default().timeout(Duration::from_millis(200));
     let waiter = executor
-        .submit_with::<LockerState>(waiter, options)
+        .submit_with::<LockerState>(waiter, within(200))
         .await
         .unwrap();
-    let Outcome::RolledBack(error) = outcome(&executor, waiter).await else {
-        panic!("expected a rollback");
-    };
-    assert!(error.to_string().contains("timed out"), "{error}");
+    times_out(&executor, waiter).await;
     assert_eq!(ledger.count("waiter enter"), 0, "it never held the lock");
     assert_eq!(executor.lock_waiters(), [], "its request left the queue");
 }
@@ -469,15 +470,11 @@ async fn p03_deadline_ends_a_procedure_queued_for_a_running_slot() {
     };
     let busy = executor.submit::<CounterState>(busy).await.unwrap();
     status_is(&executor, busy, |s| matches!(s, Status::Suspended { .. })).await;
-    let options = SubmitOptions::default().timeout(Duration::from_millis(200));
     let queued = executor
-        .submit_with::<CounterState>(Counter::named("queued"), options)
+        .submit_with::<CounterState>(Counter::named("queued"), within(200))
         .await
         .unwrap();
-    let Outcome::RolledBack(error) = outcome(&executor, queued).await else {
-        panic!("expected a rollback");
-    };
-    assert!(error.to_string().contains("timed out"), "{error}");
+    times_out(&executor, queued).await;
     assert_eq!(ledger.count("queued execute 1"), 0, "it never ran");
 }
 
@@ -492,15 +489,11 @@ async fn p04_timeout_cancels_the_running_step_and_undoes_its_state() {
         slow_ms: 60_000,
         ..Counter::named("p")
     };
-    let options = SubmitOptions::default().timeout(Duration::from_millis(200));
     let id = executor
-        .submit_with::<CounterState>(counter, options)
+        .submit_with::<CounterState>(counter, within(200))
         .await
         .unwrap();
-    let Outcome::RolledBack(error) = outcome(&executor, id).await else {
-        panic!("expected a rollback");
-    };
-    assert!(error.to_string().contains("timed out"), "{error}");
+    times_out(&executor, id).await;
     // Step 1 was cut off mid-handler: it may have acted, so it is undone.
     assert_eq!(ledger.count("p rollback 1"), 1, "{:?}", ledger.events());
 }
@@ -513,15 +506,11 @@ async fn p04_timeout_undoes_a_suspended_rollback_state() {
         suspend_at: Some(3),
         ..Counter::named("p")
     };
-    let options = SubmitOptions::default().timeout(Duration::from_millis(300));
     let id = executor
-        .submit_with::<CounterState>(counter, options)
+        .submit_with::<CounterState>(counter, within(300))
         .await
         .unwrap();
-    assert!(matches!(
-        outcome(&executor, id).await,
-        Outcome::RolledBack(_)
-    ));
+    times_out(&executor, id).await;
     let rollbacks: Vec<_> = ledger
         .events()
         .into_iter()

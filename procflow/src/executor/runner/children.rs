@@ -232,32 +232,14 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// A finished child, read back from the store and set to roll back after `cause`;
     /// `None` (logged) when it cannot be read.
     async fn revive(&mut self, id: u64, cause: &Error) -> Result<Option<Launch<E>>, Exit> {
-        let record = match self.inner.store.get(id).await {
-            Ok(Some(record)) => record,
-            Ok(None) => {
-                tracing::error!(child = id, "child to undo is not in the store");
+        let (mut envelope, mut procedure) = match self.read_back(id).await? {
+            Some(Ok(parts)) => parts,
+            Some(Err(reason)) => {
+                tracing::error!(child = id, %reason, "child to undo cannot be read");
                 return Ok(None);
             }
-            Err(error) => {
-                self.inner
-                    .halt(crate::executor::ExecutorError::Store(std::sync::Arc::new(
-                        error,
-                    )));
-                return Err(Exit);
-            }
-        };
-        let loaded = Envelope::decode(&record.value).and_then(|(envelope, snapshot)| {
-            let procedure = self
-                .inner
-                .registry
-                .load(snapshot)
-                .map_err(|(_, reason)| reason)?;
-            Ok((envelope, procedure))
-        });
-        let (mut envelope, mut procedure) = match loaded {
-            Ok(parts) => parts,
-            Err(reason) => {
-                tracing::error!(child = id, %reason, "child to undo cannot be read");
+            None => {
+                tracing::error!(child = id, "child to undo is not in the store");
                 return Ok(None);
             }
         };

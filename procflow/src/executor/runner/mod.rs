@@ -26,6 +26,9 @@ use std::time::{Instant, SystemTime};
 use tokio::sync::{Notify, watch};
 use tracing::Instrument;
 
+/// A stored procedure, decoded.
+type Loaded<E> = (Envelope, Box<dyn DynProcedure<E>>);
+
 /// The task stops without touching the store again: the executor is halting or shutting
 /// down (the procedure resumes at the next start), or a write was refused (then
 /// [`Runner::refused`] says why, and the loop goes on from the last stored step).
@@ -529,32 +532,17 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// ended while it lives on in the store.
     async fn reload_after_refusal(&mut self, why: String) -> Result<(), Exit> {
         tracing::error!(%why, "procedure state cannot be stored; back to its last stored step");
-        let record = match self.inner.store.get(self.id).await {
-            Ok(Some(record)) => record,
-            Ok(None) => {
+        let (mut envelope, procedure) = match self.read_back(self.id).await? {
+            Some(Ok(parts)) => parts,
+            Some(Err(reason)) => {
                 self.inner.halt(ExecutorError::Metadata {
-                    key: format!("procedure #{} is missing from the store", self.id),
+                    key: format!("procedure #{} cannot be read back: {reason}", self.id),
                 });
                 return Err(Exit);
             }
-            Err(error) => {
-                self.inner.halt(ExecutorError::Store(Arc::new(error)));
-                return Err(Exit);
-            }
-        };
-        let reloaded = Envelope::decode(&record.value).and_then(|(envelope, snapshot)| {
-            let procedure = self
-                .inner
-                .registry
-                .load(snapshot)
-                .map_err(|(_, reason)| reason)?;
-            Ok((envelope, procedure))
-        });
-        let (mut envelope, procedure) = match reloaded {
-            Ok(parts) => parts,
-            Err(reason) => {
+            None => {
                 self.inner.halt(ExecutorError::Metadata {
-                    key: format!("procedure #{} cannot be read back: {reason}", self.id),
+                    key: format!("procedure #{} is missing from the store", self.id),
                 });
                 return Err(Exit);
             }
@@ -568,6 +556,28 @@ impl<E: Send + Sync + 'static> Runner<E> {
             "this procedure's new state cannot be stored ({why})"
         )));
         Ok(())
+    }
+
+    /// Procedure `id` as the store holds it: `None` if it is not there, the reason if it
+    /// cannot be read. A store failure halts the executor.
+    async fn read_back(&mut self, id: u64) -> Result<Option<Result<Loaded<E>, String>>, Exit> {
+        let record = match self.inner.store.get(id).await {
+            Ok(Some(record)) => record,
+            Ok(None) => return Ok(None),
+            Err(error) => {
+                self.inner.halt(ExecutorError::Store(Arc::new(error)));
+                return Err(Exit);
+            }
+        };
+        let loaded = Envelope::decode(&record.value).and_then(|(envelope, snapshot)| {
+            let procedure = self
+                .inner
+                .registry
+                .load(snapshot)
+                .map_err(|(_, reason)| reason)?;
+            Ok((envelope, procedure))
+        });
+        Ok(Some(loaded))
     }
 
     /// The stored form of the procedure. Data that cannot be serialized cannot be made
