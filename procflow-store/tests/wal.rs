@@ -397,3 +397,86 @@ async fn a_dropped_commit_future_still_commits_before_the_store_is_dropped() {
         );
     }
 }
+
+/// Records the directory calls of the real file system backend.
+struct DirCalls {
+    fs: procflow_store::io::FsBackend,
+    calls: std::sync::Mutex<Vec<String>>,
+}
+
+impl procflow_store::io::IoBackend for DirCalls {
+    fn create_dir_all(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("create {}", dir.display()));
+        self.fs.create_dir_all(dir)
+    }
+    fn lock_dir(
+        &self,
+        dir: &std::path::Path,
+    ) -> std::io::Result<Option<procflow_store::io::DirLock>> {
+        self.fs.lock_dir(dir)
+    }
+    fn list_dir(&self, dir: &std::path::Path) -> std::io::Result<Vec<String>> {
+        self.fs.list_dir(dir)
+    }
+    fn read_file(&self, path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+        self.fs.read_file(path)
+    }
+    fn create_file(
+        &self,
+        path: &std::path::Path,
+    ) -> std::io::Result<Arc<dyn procflow_store::io::LogFile>> {
+        self.fs.create_file(path)
+    }
+    fn open_file(
+        &self,
+        path: &std::path::Path,
+    ) -> std::io::Result<Arc<dyn procflow_store::io::LogFile>> {
+        self.fs.open_file(path)
+    }
+    fn rename(&self, from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
+        self.fs.rename(from, to)
+    }
+    fn remove_file(&self, path: &std::path::Path) -> std::io::Result<()> {
+        self.fs.remove_file(path)
+    }
+    fn sync_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("sync {}", dir.display()));
+        self.fs.sync_dir(dir)
+    }
+}
+
+/// Issue 12, point 15: the store directory's own entry is made durable in its parent
+/// right after the directory is created.
+#[tokio::test]
+async fn p15_creating_the_store_syncs_its_parent_directory() {
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("store");
+    let backend = Arc::new(DirCalls {
+        fs: procflow_store::io::FsBackend,
+        calls: std::sync::Mutex::new(Vec::new()),
+    });
+    let config = WalConfig {
+        sync: SyncMode::Durable,
+        ..WalConfig::default()
+    };
+    let store = WalStore::open_with_backend(&dir, config, backend.clone()).unwrap();
+    store.close().await.unwrap();
+    let calls = backend.calls.lock().unwrap().clone();
+    let created = calls
+        .iter()
+        .position(|c| *c == format!("create {}", dir.display()))
+        .expect("the directory is created");
+    let synced = calls
+        .iter()
+        .position(|c| *c == format!("sync {}", parent.path().display()));
+    assert!(
+        synced.is_some_and(|synced| synced > created),
+        "the parent is not synced after the store directory is created: {calls:?}"
+    );
+}

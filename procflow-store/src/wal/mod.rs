@@ -153,6 +153,17 @@ impl WalStore {
         backend
             .create_dir_all(dir)
             .map_err(|e| StoreError::io("creating the store directory", dir, e))?;
+        if sync {
+            // The directory's own entry lives in its parent: without this, a power loss
+            // soon after creating the store can lose the directory and every record in it.
+            let parent = match dir.parent() {
+                Some(parent) if !parent.as_os_str().is_empty() => parent,
+                _ => Path::new("."),
+            };
+            backend
+                .sync_dir(parent)
+                .map_err(|e| StoreError::io("syncing the store directory's parent", parent, e))?;
+        }
         let lock = backend
             .lock_dir(dir)
             .map_err(|e| StoreError::io("locking the store directory", dir, e))?
@@ -408,7 +419,11 @@ mod tests {
         // Dropped before the first poll, too.
         let (reply, answer) = tokio::sync::oneshot::channel::<()>();
         drop(reply);
-        assert!(spin_wait(answer, std::time::Duration::from_secs(5)).await.is_none());
+        assert!(
+            spin_wait(answer, std::time::Duration::from_secs(5))
+                .await
+                .is_none()
+        );
     }
 
     /// A value recovered from a segment is a slice of that segment's buffer. Once
