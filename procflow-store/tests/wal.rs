@@ -480,3 +480,82 @@ async fn p15_creating_the_store_syncs_its_parent_directory() {
         "the parent is not synced after the store directory is created: {calls:?}"
     );
 }
+
+/// A closed store of many small segments, every record the same size (a put of 100
+/// bytes to ids below 128), all live (no compaction). Returns the segment files in order.
+async fn closed_store_of_segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let config = WalConfig {
+        segment_size: 1024,
+        sync: SyncMode::NoSync,
+        ..WalConfig::default()
+    };
+    let store = WalStore::open(dir, config).unwrap();
+    for id in 1..=60u64 {
+        let batch = Batch::new().put(id, None, vec![7; 100]);
+        store.commit(batch).await.unwrap();
+    }
+    store.close().await.unwrap();
+    drop(store);
+    let mut segments: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|e| e == "wal"))
+        .collect();
+    segments.sort();
+    assert!(segments.len() >= 4, "{segments:?}");
+    segments
+}
+
+fn corrupt_file(result: Result<WalStore, StoreError>) -> std::path::PathBuf {
+    match result {
+        Err(StoreError::Corrupt { file, .. }) => file,
+        Err(other) => panic!("expected corruption, got {other}"),
+        Ok(_) => panic!("a store that lost acknowledged records opened cleanly"),
+    }
+}
+
+/// Issue 12, point 12: a segment deleted from the middle of the log is corruption naming
+/// the missing file, not a log that silently lacks its records.
+#[tokio::test]
+async fn p12_a_missing_middle_segment_is_corruption_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let segments = closed_store_of_segments(dir.path()).await;
+    std::fs::remove_file(&segments[1]).unwrap();
+    let file = corrupt_file(WalStore::open(dir.path(), WalConfig::default()));
+    assert_eq!(file, segments[1]);
+}
+
+/// Issue 12, point 12: a closed segment cut short at a record boundary (its last record
+/// gone, every remaining record valid) is corruption: the next segment's first record
+/// does not follow.
+#[tokio::test]
+async fn p12_a_closed_segment_cut_at_a_record_boundary_is_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let segments = closed_store_of_segments(dir.path()).await;
+    // Every record has the same size: measure one in a store of its own.
+    let len = |path: &std::path::Path| std::fs::metadata(path).unwrap().len();
+    let record = {
+        let other = tempfile::tempdir().unwrap();
+        let store = WalStore::open(other.path(), WalConfig::default()).unwrap();
+        let segment = other.path().join("segment-0000000000000001.wal");
+        let empty = len(&segment);
+        store
+            .commit(Batch::new().put(1, None, vec![7; 100]))
+            .await
+            .unwrap();
+        store.close().await.unwrap();
+        len(&segment) - empty
+    };
+    let victim = &segments[1];
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(victim)
+        .unwrap();
+    file.set_len(len(victim) - record).unwrap();
+    drop(file);
+    let file = corrupt_file(WalStore::open(dir.path(), WalConfig::default()));
+    assert_eq!(
+        &file, &segments[2],
+        "reported where the records stop following"
+    );
+}

@@ -133,6 +133,24 @@ pub(crate) fn scan_segment(
     })
 }
 
+/// Segments are numbered one after another and only the oldest is ever deleted
+/// (compaction): a missing number between two present ones is a lost segment.
+fn check_contiguous(dir: &Path, numbers: &[u64]) -> Result<(), StoreError> {
+    for pair in numbers.windows(2) {
+        if pair[1] != pair[0] + 1 {
+            return Err(StoreError::Corrupt {
+                file: segment::path(dir, pair[0] + 1),
+                offset: 0,
+                reason: format!(
+                    "segment missing between segments {} and {}",
+                    pair[0], pair[1]
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Everything [`recover`] reconstructed.
 pub(crate) struct Recovered {
     pub(crate) state: State,
@@ -148,8 +166,8 @@ fn io_err(context: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> 
     move |e| StoreError::io(context, path, e)
 }
 
-/// Replays the log in `dir`: removes half-created segments, scans every segment, checks
-/// that sequence numbers increase, truncates a torn tail (durably when `sync`), creates
+/// Replays the log in `dir`: removes half-created segments, checks that no segment and no
+/// record is missing (numbers follow one another), scans every segment, truncates a torn tail (durably when `sync`), creates
 /// the first segment of a new log, and opens the active segment for appending.
 pub(crate) fn recover(
     backend: &dyn IoBackend,
@@ -200,6 +218,7 @@ pub(crate) fn recover(
             next_seq: 1,
         });
     };
+    check_contiguous(dir, &numbers)?;
     for &number in &numbers {
         let path = segment::path(dir, number);
         // The live values recovered from this segment stay slices of this buffer, so
@@ -212,14 +231,17 @@ pub(crate) fn recover(
         );
         let scan = scan_segment(&path, number, &bytes, number == last_number)?;
         for record in scan.records {
+            // Every record takes the next number, across segments too: a jump means
+            // records between were lost (a segment cut short at a record boundary).
             if let Some(prev) = last_seq
-                && record.header.seq <= prev
+                && record.header.seq != prev + 1
             {
                 return Err(StoreError::Corrupt {
                     file: path,
                     offset: record.offset,
                     reason: format!(
-                        "sequence number {} does not follow {prev}",
+                        "sequence number {} does not follow {prev}: records are missing \
+                         before it",
                         record.header.seq
                     ),
                 });
