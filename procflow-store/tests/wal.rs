@@ -397,3 +397,56 @@ async fn a_dropped_commit_future_still_commits_before_the_store_is_dropped() {
         );
     }
 }
+
+/// Issue 12, point 13: a commit alone in flight, polling for its answer, gets the store's
+/// error when its group fails to write — it must never panic. The group is [A, B]: A's
+/// write fails (its segment roll cannot sync), B is the lone commit waiting.
+#[tokio::test]
+async fn p13_lone_commit_gets_an_error_not_a_panic_when_its_group_fails() {
+    use procflow_store::io::{FaultBackend, IoBackend, SimBackend};
+    use std::time::Duration;
+
+    let config = WalConfig {
+        segment_size: 256,
+        // Long enough that B is still polling when the committer gives up on it.
+        spin_wait: Duration::from_secs(30),
+        ..WalConfig::default()
+    };
+    let dir = std::path::Path::new("/store");
+    let big = || vec![7; 300];
+    // Dry run: how many writes and syncs opening the store costs.
+    let opened = {
+        let probe = FaultBackend::new(Arc::new(SimBackend::new()), u64::MAX);
+        drop(WalStore::open_with_backend(dir, config.clone(), Arc::new(probe.clone())).unwrap());
+        probe.operations()
+    };
+    let sim = SimBackend::new();
+    // X costs an append and a sync; A then rolls the full segment, whose first step, a
+    // sync of the old segment, fails.
+    let fault = FaultBackend::new(Arc::new(sim.clone()), opened + 3);
+    let backend: Arc<dyn IoBackend> = Arc::new(fault);
+    let store = WalStore::open_with_backend(dir, config, backend).unwrap();
+    // X's sync is slow, so A and B queue behind it and form the next group.
+    sim.set_sync_delay(Duration::from_millis(300));
+    poll_once_then_drop(store.commit(Batch::new().put(1, None, big()))).await;
+    poll_once_then_drop(store.commit(Batch::new().put(2, None, big()))).await;
+    // X and A were dropped: B is the only commit in flight, so it polls.
+    let b = store.commit(Batch::new().put(3, None, big())).await;
+    assert!(
+        matches!(b, Err(StoreError::Poisoned | StoreError::Io { .. })),
+        "{b:?}"
+    );
+}
+
+/// Polls `future` once (enough to queue a commit) and drops it.
+async fn poll_once_then_drop<F: std::future::Future>(future: F) {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| {
+        assert!(
+            future.as_mut().poll(cx).is_pending(),
+            "finished before its slow sync"
+        );
+        std::task::Poll::Ready(())
+    })
+    .await;
+}

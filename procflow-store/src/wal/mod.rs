@@ -255,7 +255,7 @@ impl Inner {
         let answer = if in_flight.alone && self.spin {
             spin_wait(answer, self.config.spin_wait).await
         } else {
-            answer.await
+            answer.await.ok()
         };
         // A dropped reply means the committer thread died: nothing it had is durable.
         answer.unwrap_or(Err(StoreError::Poisoned))
@@ -287,7 +287,7 @@ impl Drop for InFlight<'_> {
 const SPIN_BURST: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Polls `answer` for up to `limit`, in bursts of [`SPIN_BURST`] with a yield between
-/// them, then waits for it asleep.
+/// them, then waits for it asleep. `None` if the sender was dropped without answering.
 ///
 /// Why: one procedure at a time spends its life waiting for fsyncs. Sleeping through
 /// each one means the committer thread must wake a parked worker thread when it ends,
@@ -299,7 +299,7 @@ const SPIN_BURST: std::time::Duration = std::time::Duration::from_micros(200);
 async fn spin_wait<T>(
     mut answer: tokio::sync::oneshot::Receiver<T>,
     limit: std::time::Duration,
-) -> Result<T, tokio::sync::oneshot::error::RecvError> {
+) -> Option<T> {
     use std::time::Instant;
     use tokio::sync::oneshot::error::TryRecvError;
     let until = Instant::now() + limit;
@@ -311,15 +311,17 @@ async fn spin_wait<T>(
         let burst_end = until.min(now + SPIN_BURST);
         loop {
             match answer.try_recv() {
-                Ok(value) => return Ok(value),
-                Err(TryRecvError::Closed) => return answer.await,
+                Ok(value) => return Some(value),
+                // Not `answer.await`: a receiver that reported `Closed` is spent, and
+                // polling it again panics ("called after complete").
+                Err(TryRecvError::Closed) => return None,
                 Err(TryRecvError::Empty) if Instant::now() < burst_end => std::hint::spin_loop(),
                 Err(TryRecvError::Empty) => break,
             }
         }
         tokio::task::yield_now().await;
     }
-    answer.await
+    answer.await.ok()
 }
 
 impl Drop for WalStore {
@@ -389,6 +391,20 @@ impl Store for WalStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 12, point 13: a reply dropped while a lone commit polls for it (the
+    /// committer failed or died) must be reported as `None`, not panic.
+    #[tokio::test]
+    async fn p13_spin_wait_returns_none_when_the_reply_is_dropped() {
+        let (reply, answer) = tokio::sync::oneshot::channel::<()>();
+        let dropper = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            drop(reply);
+        });
+        let got = spin_wait(answer, std::time::Duration::from_secs(10)).await;
+        dropper.join().unwrap();
+        assert_eq!(got, None);
+    }
 
     /// A value recovered from a segment is a slice of that segment's buffer. Once
     /// compaction rewrites it forward, it must be a slice of the rewritten record: left
