@@ -224,3 +224,38 @@ async fn a_failed_fsync_is_reported_to_the_committer() {
         .await
         .unwrap();
 }
+
+/// Issue 12, point 15: creating the store directory makes its entry durable in its
+/// parent. Without that fsync a power loss takes the new directory, with every
+/// acknowledged commit in it, away.
+#[tokio::test]
+async fn p15_a_new_store_directory_survives_power_loss() {
+    let sim = SimBackend::new();
+    let dir = std::path::Path::new("/data/new/store");
+    let store = WalStore::open_with_backend(dir, config(), Arc::new(sim.clone())).unwrap();
+    store
+        .commit(Batch::new().put(1, None, b"acked".to_vec()))
+        .await
+        .unwrap();
+    let image = sim.crash_image();
+    drop(store);
+    let store = WalStore::open_with_backend(dir, config(), Arc::new(image)).unwrap();
+    let record = store.get(1).await.unwrap();
+    assert_eq!(
+        record.map(|r| r.value.to_vec()),
+        Some(b"acked".to_vec()),
+        "the acknowledged commit was lost with the directory"
+    );
+}
+
+/// Issue 12, point 15: the parent directory sync is the first sync at open, and its
+/// failure fails the open (a store whose directory may vanish is not opened).
+#[test]
+fn p15_a_failed_parent_directory_sync_fails_the_open() {
+    let fault = FaultBackend::new(Arc::new(SimBackend::new()), 1);
+    let err = WalStore::open_with_backend("/data/store", config(), Arc::new(fault)).unwrap_err();
+    assert!(
+        err.to_string().contains("syncing the parent directory"),
+        "{err}"
+    );
+}

@@ -150,9 +150,7 @@ impl WalStore {
     ) -> Result<Self, StoreError> {
         let dir = dir.as_ref();
         let sync = config.sync == SyncMode::Durable;
-        backend
-            .create_dir_all(dir)
-            .map_err(|e| StoreError::io("creating the store directory", dir, e))?;
+        create_store_dir(backend.as_ref(), dir, sync)?;
         let lock = backend
             .lock_dir(dir)
             .map_err(|e| StoreError::io("locking the store directory", dir, e))?
@@ -211,6 +209,29 @@ impl WalStore {
             live_bytes: log.index.live_bytes(),
         }
     }
+}
+
+/// Creates `dir` if needed and, with `sync`, makes the entry of every directory it
+/// created durable in its parent: without that a power loss after the first commits can
+/// take the whole new store directory, synced segments and all, with it.
+fn create_store_dir(backend: &dyn IoBackend, dir: &Path, sync: bool) -> Result<(), StoreError> {
+    let created = backend
+        .create_dir_all(dir)
+        .map_err(|e| StoreError::io("creating the store directory", dir, e))?;
+    if !sync {
+        return Ok(());
+    }
+    for new in &created {
+        let parent = match new.parent() {
+            Some(parent) if parent.as_os_str().is_empty() => Path::new("."),
+            Some(parent) => parent,
+            None => continue,
+        };
+        backend
+            .sync_dir(parent)
+            .map_err(|e| StoreError::io("syncing the parent directory", parent, e))?;
+    }
+    Ok(())
 }
 
 impl Inner {
