@@ -7,13 +7,20 @@
 //! the file or a checksum mismatch there ends the log, and those bytes were never
 //! acknowledged. The same damage followed by a valid record, or anywhere in a closed
 //! segment, means acknowledged data would be lost: that is [`StoreError::Corrupt`].
+//!
+//! Missing data is found by numbering ([`check_segment_numbers`], [`SeqCheck`]): segment
+//! numbers go up by one at each roll and compaction deletes only the oldest segment, so
+//! the kept segments are numbered without a gap; sequence numbers go up by one at each
+//! record, across segments too, and each segment header records the sequence number its
+//! first record carries. A missing segment, or a closed one cut short at a record
+//! boundary, breaks one of these chains.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::compaction::LiveIndex;
 use super::record::{self, HeaderError, RECORD_HEADER_LEN, RECORD_MARKER, RecordHeader};
-use super::segment::{self, SEGMENT_HEADER_LEN, TMP_SUFFIX};
+use super::segment::{self, FIRST_SEQ_UNKNOWN, SEGMENT_HEADER_LEN, TMP_SUFFIX};
 use super::writer::SegmentInfo;
 use crate::error::StoreError;
 use crate::io::{IoBackend, LogFile};
@@ -32,6 +39,9 @@ pub(crate) struct ScannedRecord {
 /// The result of scanning one segment.
 #[derive(Debug)]
 pub(crate) struct SegmentScan {
+    /// The sequence number the header says the first record carries, or
+    /// [`FIRST_SEQ_UNKNOWN`].
+    pub(crate) first_seq: u64,
     pub(crate) records: Vec<ScannedRecord>,
     /// Bytes up to the end of the last valid record; the file is cut here if shorter.
     pub(crate) valid_len: u64,
@@ -93,7 +103,7 @@ pub(crate) fn scan_segment(
         offset: offset as u64,
         reason,
     };
-    segment::check_header(bytes, number).map_err(|reason| corrupt(0, reason))?;
+    let first_seq = segment::check_header(bytes, number).map_err(|reason| corrupt(0, reason))?;
     let mut records = Vec::new();
     let mut offset = SEGMENT_HEADER_LEN;
     while offset < bytes.len() {
@@ -119,6 +129,7 @@ pub(crate) fn scan_segment(
                     ));
                 }
                 return Ok(SegmentScan {
+                    first_seq,
                     records,
                     valid_len: offset as u64,
                     torn: Some(reason),
@@ -127,6 +138,7 @@ pub(crate) fn scan_segment(
         }
     }
     Ok(SegmentScan {
+        first_seq,
         records,
         valid_len: offset as u64,
         torn: None,
@@ -143,13 +155,90 @@ pub(crate) struct Recovered {
     pub(crate) next_seq: u64,
 }
 
+/// Fails if the kept segments are not numbered contiguously: a segment is missing.
+fn check_segment_numbers(dir: &Path, numbers: &[u64]) -> Result<(), StoreError> {
+    for pair in numbers.windows(2) {
+        if pair[1] != pair[0] + 1 {
+            let missing = pair[0] + 1;
+            return Err(StoreError::Corrupt {
+                file: segment::path(dir, missing),
+                offset: 0,
+                reason: format!(
+                    "segment {missing} is missing between segments {} and {}",
+                    pair[0], pair[1]
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks that sequence numbers run on by one through the whole log.
+#[derive(Default)]
+struct SeqCheck {
+    /// The sequence number the next record must carry, once known.
+    expected: Option<u64>,
+    /// The segment read before the current one, and its length, for error messages.
+    previous: Option<(PathBuf, u64)>,
+}
+
+impl SeqCheck {
+    /// A segment starts; its header says its first record carries `first_seq`.
+    fn segment(&mut self, path: &Path, first_seq: u64) -> Result<(), StoreError> {
+        if first_seq == FIRST_SEQ_UNKNOWN {
+            return Ok(());
+        }
+        if let (Some(expected), Some((previous, len))) = (self.expected, &self.previous)
+            && first_seq != expected
+        {
+            // The header is checksummed, so the segment before it lost its last records.
+            return Err(StoreError::Corrupt {
+                file: previous.clone(),
+                offset: *len,
+                reason: format!(
+                    "segment ends before sequence number {expected}, but the next segment \
+                     ({}) starts at {first_seq}: records are missing",
+                    path.display()
+                ),
+            });
+        }
+        self.expected = Some(first_seq);
+        Ok(())
+    }
+
+    /// A record at `offset` of `path` carries `seq`.
+    fn record(&mut self, path: &Path, offset: u64, seq: u64) -> Result<(), StoreError> {
+        if let Some(expected) = self.expected
+            && seq != expected
+        {
+            let reason = if seq < expected {
+                format!("sequence number {seq} does not follow {}", expected - 1)
+            } else {
+                format!("sequence number {seq} where {expected} was expected: records are missing")
+            };
+            return Err(StoreError::Corrupt {
+                file: path.to_path_buf(),
+                offset,
+                reason,
+            });
+        }
+        self.expected = Some(seq + 1);
+        Ok(())
+    }
+
+    /// A segment ended `len` bytes long.
+    fn end_segment(&mut self, path: &Path, len: u64) {
+        self.previous = Some((path.to_path_buf(), len));
+    }
+}
+
 fn io_err(context: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StoreError {
     let path = path.to_path_buf();
     move |e| StoreError::io(context, path, e)
 }
 
 /// Replays the log in `dir`: removes half-created segments, scans every segment, checks
-/// that sequence numbers increase, truncates a torn tail (durably when `sync`), creates
+/// that no segment or record is missing, truncates a torn tail (durably when `sync`), creates
 /// the first segment of a new log, and opens the active segment for appending.
 pub(crate) fn recover(
     backend: &dyn IoBackend,
@@ -182,13 +271,14 @@ pub(crate) fn recover(
             .map_err(io_err("syncing the store directory", dir))?;
     }
     numbers.sort_unstable();
+    check_segment_numbers(dir, &numbers)?;
 
     let mut state = State::default();
     let mut index = LiveIndex::default();
     let mut segments = Vec::with_capacity(numbers.len());
-    let mut last_seq: Option<u64> = None;
+    let mut seqs = SeqCheck::default();
     let Some(&last_number) = numbers.last() else {
-        let active = segment::create(backend, dir, 1, sync)?;
+        let active = segment::create(backend, dir, 1, 1, sync)?;
         return Ok(Recovered {
             state,
             index,
@@ -211,20 +301,9 @@ pub(crate) fn recover(
                 .map_err(io_err("reading a segment", &path))?,
         );
         let scan = scan_segment(&path, number, &bytes, number == last_number)?;
+        seqs.segment(&path, scan.first_seq)?;
         for record in scan.records {
-            if let Some(prev) = last_seq
-                && record.header.seq <= prev
-            {
-                return Err(StoreError::Corrupt {
-                    file: path,
-                    offset: record.offset,
-                    reason: format!(
-                        "sequence number {} does not follow {prev}",
-                        record.header.seq
-                    ),
-                });
-            }
-            last_seq = Some(record.header.seq);
+            seqs.record(&path, record.offset, record.header.seq)?;
             state.observe_token(record.header.fencing_token);
             for change in record.changes {
                 index.note(number, &change);
@@ -242,6 +321,7 @@ pub(crate) fn recover(
                     .map_err(io_err("syncing a truncated segment", &path))?;
             }
         }
+        seqs.end_segment(&path, scan.valid_len);
         segments.push(SegmentInfo {
             number,
             len: scan.valid_len,
@@ -256,7 +336,7 @@ pub(crate) fn recover(
         index,
         segments,
         active,
-        next_seq: last_seq.map_or(1, |seq| seq + 1),
+        next_seq: seqs.expected.unwrap_or(1),
     })
 }
 
@@ -266,7 +346,7 @@ mod tests {
     use crate::wal::record::KIND_BATCH;
 
     fn log(records: usize) -> Vec<u8> {
-        let mut bytes = segment::encode_header(1).to_vec();
+        let mut bytes = segment::encode_header(1, 1).to_vec();
         for seq in 1..=records as u64 {
             let change = Change::Delete { id: seq };
             bytes.extend(record::encode(KIND_BATCH, seq, None, &[change]).unwrap());
@@ -321,5 +401,42 @@ mod tests {
             scan(&bytes[..bytes.len() - 1], false),
             Err(StoreError::Corrupt { .. })
         ));
+    }
+
+    /// Writes segment `number` in the format before the header recorded its first
+    /// sequence number, holding records `seqs`.
+    fn write_old_segment(
+        sim: &crate::io::SimBackend,
+        number: u64,
+        seqs: std::ops::RangeInclusive<u64>,
+    ) {
+        let mut bytes = segment::encode_header(number, FIRST_SEQ_UNKNOWN).to_vec();
+        for seq in seqs {
+            let change = Change::Delete { id: seq };
+            bytes.extend(record::encode(KIND_BATCH, seq, None, &[change]).unwrap());
+        }
+        let path = segment::path(Path::new("/store"), number);
+        sim.create_dir_all(Path::new("/store")).unwrap();
+        sim.create_file(&path).unwrap().append(&bytes).unwrap();
+    }
+
+    /// Issue 12, point 12: segments written before the header recorded a first sequence
+    /// number (0 there) still open, and their records are still checked for gaps.
+    #[test]
+    fn p12_segments_without_a_first_sequence_number_still_open() {
+        let dir = Path::new("/store");
+        let sim = crate::io::SimBackend::new();
+        write_old_segment(&sim, 1, 1..=3);
+        write_old_segment(&sim, 2, 4..=5);
+        assert_eq!(recover(&sim, dir, true).unwrap().next_seq, 6);
+        // A record missing between them is still found.
+        let sim = crate::io::SimBackend::new();
+        write_old_segment(&sim, 1, 1..=2);
+        write_old_segment(&sim, 2, 4..=5);
+        let Err(StoreError::Corrupt { file, reason, .. }) = recover(&sim, dir, true) else {
+            panic!("a missing record went unnoticed");
+        };
+        assert_eq!(file, segment::path(dir, 2));
+        assert!(reason.contains("missing"), "{reason}");
     }
 }

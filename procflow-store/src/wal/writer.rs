@@ -120,7 +120,14 @@ impl Writer {
     fn roll(&mut self) -> Result<(), StoreError> {
         self.sync_active()?;
         let number = self.active_info().number + 1;
-        self.active = segment::create(self.backend.as_ref(), &self.dir, number, self.sync)?;
+        // `next_seq` is still the sequence number of the record that caused the roll.
+        self.active = segment::create(
+            self.backend.as_ref(),
+            &self.dir,
+            number,
+            self.next_seq,
+            self.sync,
+        )?;
         self.segments.push(SegmentInfo {
             number,
             len: SEGMENT_HEADER_LEN as u64,
