@@ -188,6 +188,9 @@ impl SeqCheck {
         if first_seq == FIRST_SEQ_UNKNOWN {
             return Ok(());
         }
+        if first_seq == u64::MAX {
+            return Err(exhausted(path, 0));
+        }
         if let (Some(expected), Some((previous, len))) = (self.expected, &self.previous)
             && first_seq != expected
         {
@@ -222,13 +225,26 @@ impl SeqCheck {
                 reason,
             });
         }
-        self.expected = Some(seq + 1);
+        // A log never gets near 2^64 records: such a number is damage, and the next
+        // record could not be numbered.
+        self.expected = Some(seq.checked_add(1).ok_or_else(|| exhausted(path, offset))?);
         Ok(())
     }
 
     /// A segment ended `len` bytes long.
     fn end_segment(&mut self, path: &Path, len: u64) {
         self.previous = Some((path.to_path_buf(), len));
+    }
+}
+
+fn exhausted(path: &Path, offset: u64) -> StoreError {
+    StoreError::Corrupt {
+        file: path.to_path_buf(),
+        offset,
+        reason: format!(
+            "sequence number {} leaves none for the next record",
+            u64::MAX
+        ),
     }
 }
 
