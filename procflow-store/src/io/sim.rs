@@ -147,6 +147,39 @@ impl SimBackend {
         }
     }
 
+    /// Like [`SimBackend::crash_image`], but the disk had also written back some of the
+    /// data appended since each file's last sync, in no particular order: the unsynced
+    /// part of a file is cut into `page_size` pages (at file offsets that are multiples
+    /// of `page_size`), and `keep(path, page)` says whether page number `page` reached
+    /// the disk. A page that did not reads as zeros where it was unsynced; the file keeps
+    /// its live length if any unsynced page was kept.
+    ///
+    /// # Panics
+    ///
+    /// If `page_size` is zero.
+    pub fn crash_image_with_pages(
+        &self,
+        page_size: usize,
+        mut keep: impl FnMut(&Path, usize) -> bool,
+    ) -> SimBackend {
+        assert!(page_size > 0, "page size zero");
+        let image = self.crash_image();
+        let fs = self.lock();
+        let mut out = image.lock();
+        for (path, &inode) in &fs.durable {
+            let Some(&target) = out.live.get(path) else {
+                continue;
+            };
+            let data = written_back(&fs.inodes[inode], page_size, |page| keep(path, page));
+            out.inodes[target] = Inode {
+                live: data.clone(),
+                durable: data,
+            };
+        }
+        drop(out);
+        image
+    }
+
     /// A new backend holding the live image, made fully durable, as a restarted process
     /// would find it after the operating system flushed everything. Locks are not
     /// carried over.
@@ -183,6 +216,32 @@ impl SimBackend {
         };
         Ok(())
     }
+}
+
+/// What a power loss leaves of `inode` when the pages `keep` selects of its unsynced
+/// appends were written back.
+fn written_back(inode: &Inode, page_size: usize, mut keep: impl FnMut(usize) -> bool) -> Vec<u8> {
+    let synced = inode.durable.len();
+    // Only appends after the synced data are modelled; after a truncation below it the
+    // durable image is all there is.
+    if !inode.live.starts_with(&inode.durable) || inode.live.len() == synced {
+        return inode.durable.clone();
+    }
+    let mut data = inode.live.clone();
+    let mut any_kept = false;
+    for page in synced / page_size..data.len().div_ceil(page_size) {
+        let start = (page * page_size).max(synced);
+        let end = ((page + 1) * page_size).min(data.len());
+        if keep(page) {
+            any_kept = true;
+        } else {
+            data[start..end].fill(0);
+        }
+    }
+    if !any_kept {
+        data.truncate(synced);
+    }
+    data
 }
 
 struct SimLock {

@@ -253,6 +253,7 @@ fn sync(inner: &Inner, wrote: bool) -> Result<(), StoreError> {
         let path = inner.lock_log().writer.active_path();
         inner.poison(StoreError::io("syncing a segment", path, e))
     })?;
+    inner.lock_log().writer.note_synced();
     inner.group_syncs.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }

@@ -83,11 +83,15 @@ fn read_record(segment: &Bytes, offset: usize) -> Result<(RecordHeader, Vec<Chan
     Ok((header, changes))
 }
 
-/// The offset of the first valid record at or after `from`, if any.
-fn find_valid_record(bytes: &Bytes, from: usize) -> Option<usize> {
+/// The offset of the first valid record at or after `from` that starts a group (any
+/// valid record if `all_start_groups`), if any. Everything before such a record was
+/// durable when it was written, so damage before it is not a torn write.
+fn find_group_start(bytes: &Bytes, from: usize, all_start_groups: bool) -> Option<usize> {
     (from..bytes.len())
         .filter(|&i| bytes[i] == RECORD_MARKER)
-        .find(|&i| read_record(bytes, i).is_ok())
+        .find(|&i| {
+            read_record(bytes, i).is_ok_and(|(header, _)| all_start_groups || header.starts_group)
+        })
 }
 
 /// Scans the bytes of segment `number` (read from `file`). Damage ends the log only in
@@ -103,7 +107,10 @@ pub(crate) fn scan_segment(
         offset: offset as u64,
         reason,
     };
-    let first_seq = segment::check_header(bytes, number).map_err(|reason| corrupt(0, reason))?;
+    let header = segment::check_header(bytes, number).map_err(|reason| corrupt(0, reason))?;
+    let first_seq = header.first_seq;
+    // Version 1 did not mark group starts: any valid record counts as one.
+    let all_start_groups = header.version < 2;
     let mut records = Vec::new();
     let mut offset = SEGMENT_HEADER_LEN;
     while offset < bytes.len() {
@@ -122,10 +129,15 @@ pub(crate) fn scan_segment(
                 if !is_last {
                     return Err(corrupt(offset, format!("{reason} in a closed segment")));
                 }
-                if let Some(next) = find_valid_record(bytes, offset + 1) {
+                // The last group went to disk in one write whose pages the disk may
+                // have persisted in any order: damage with only records of that group
+                // after it is a torn write. A later group start proves a sync covered it.
+                if let Some(next) = find_group_start(bytes, offset + 1, all_start_groups) {
                     return Err(corrupt(
                         offset,
-                        format!("{reason}, but a valid record follows at offset {next}"),
+                        format!(
+                            "{reason}, but a record written after a sync follows at offset {next}"
+                        ),
                     ));
                 }
                 return Ok(SegmentScan {
@@ -347,6 +359,14 @@ pub(crate) fn recover(
     let active = backend
         .open_file(&path)
         .map_err(io_err("opening the active segment", &path))?;
+    if sync {
+        // What was read may still be only in the page cache (the process, not the
+        // machine, crashed). The next group's first record will claim that everything
+        // before it is durable, so make it so.
+        active
+            .sync_data()
+            .map_err(io_err("syncing the active segment", &path))?;
+    }
     Ok(Recovered {
         state,
         index,
@@ -361,13 +381,46 @@ mod tests {
     use super::*;
     use crate::wal::record::KIND_BATCH;
 
+    /// A segment of `records` records, each its own group (synced before the next).
     fn log(records: usize) -> Vec<u8> {
         let mut bytes = segment::encode_header(1, 1).to_vec();
         for seq in 1..=records as u64 {
             let change = Change::Delete { id: seq };
-            bytes.extend(record::encode(KIND_BATCH, seq, None, &[change]).unwrap());
+            let mut record = record::encode(KIND_BATCH, seq, None, &[change]).unwrap();
+            record::mark_group_start(&mut record);
+            bytes.extend(record);
         }
         bytes
+    }
+
+    /// Issue 12, point 14: damage followed only by records of its own group (written in
+    /// the same unsynced `write`) is a torn tail; followed by a group start, corruption.
+    #[test]
+    fn p14_damage_inside_the_last_group_is_a_torn_tail() {
+        let mut bytes = log(1);
+        let synced = bytes.len();
+        // One group of three records: only the first is marked.
+        for seq in 2..=4u64 {
+            let change = Change::Delete { id: seq };
+            let mut record = record::encode(KIND_BATCH, seq, None, &[change]).unwrap();
+            if seq == 2 {
+                record::mark_group_start(&mut record);
+            }
+            bytes.extend(record);
+        }
+        // The group's first page was lost, its later ones written.
+        let mut holed = bytes.clone();
+        holed[synced..synced + 40].fill(0);
+        let torn = scan(&holed, true).unwrap();
+        assert_eq!(torn.records.len(), 1);
+        assert_eq!(torn.valid_len, synced as u64);
+        // Damage before the synced group start is still corruption.
+        let mut damaged = bytes.clone();
+        damaged[SEGMENT_HEADER_LEN + RECORD_HEADER_LEN] ^= 1;
+        assert!(matches!(
+            scan(&damaged, true),
+            Err(StoreError::Corrupt { .. })
+        ));
     }
 
     fn scan(bytes: &[u8], is_last: bool) -> Result<SegmentScan, StoreError> {
@@ -454,5 +507,25 @@ mod tests {
         };
         assert_eq!(file, segment::path(dir, 2));
         assert!(reason.contains("missing"), "{reason}");
+    }
+
+    /// Issue 12, point 14: a version 1 segment, which marks no group starts, still opens,
+    /// under version 1's rule: damage before any valid record is corruption.
+    #[test]
+    fn p14_version_1_segments_are_read_with_the_old_rule() {
+        let mut bytes = segment::encode_header(1, FIRST_SEQ_UNKNOWN).to_vec();
+        bytes[8..10].copy_from_slice(&1u16.to_le_bytes());
+        let crc = crc32c::crc32c(&bytes[..28]);
+        bytes[28..32].copy_from_slice(&crc.to_le_bytes());
+        for seq in 1..=3u64 {
+            let change = Change::Delete { id: seq };
+            bytes.extend(record::encode(KIND_BATCH, seq, None, &[change]).unwrap());
+        }
+        assert_eq!(scan(&bytes, true).unwrap().records.len(), 3);
+        bytes[SEGMENT_HEADER_LEN + 1] ^= 1;
+        assert!(matches!(
+            scan(&bytes, true),
+            Err(StoreError::Corrupt { offset: 32, .. })
+        ));
     }
 }

@@ -5,7 +5,7 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic, SEGMENT_MAGIC (b"PFLOWWAL")
-//!      8     2  format version (u16), FORMAT_VERSION (1)
+//!      8     2  format version (u16), FORMAT_VERSION (2); 1 is still read
 //!     10     2  reserved, zero
 //!     12     8  segment number (u64), equal to the number in the file name
 //!     20     8  first sequence number (u64): the one this segment's first record
@@ -23,8 +23,20 @@ use crate::io::{IoBackend, LogFile};
 
 /// First eight bytes of every segment file.
 pub(crate) const SEGMENT_MAGIC: [u8; 8] = *b"PFLOWWAL";
-/// The on-disk format version this code writes and reads.
-pub(crate) const FORMAT_VERSION: u16 = 1;
+/// The on-disk format version this code writes. Version 2 added
+/// [`FLAG_GROUP_START`](super::record::FLAG_GROUP_START); a version 1 segment has no
+/// such flags, and is read as if every record started a group.
+pub(crate) const FORMAT_VERSION: u16 = 2;
+/// The oldest format version this code reads.
+pub(crate) const OLDEST_READ_VERSION: u16 = 1;
+
+/// What a valid segment header says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SegmentHeader {
+    pub(crate) version: u16,
+    /// The first sequence number it records, or [`FIRST_SEQ_UNKNOWN`].
+    pub(crate) first_seq: u64,
+}
 
 const MAGIC_OFFSET: usize = 0;
 const VERSION_OFFSET: usize = 8;
@@ -74,9 +86,9 @@ pub(crate) fn encode_header(number: u64, first_seq: u64) -> [u8; SEGMENT_HEADER_
     header
 }
 
-/// Checks that `bytes` start with a valid header for segment `number` and returns the
-/// first sequence number it records ([`FIRST_SEQ_UNKNOWN`] if none); `Err` says why not.
-pub(crate) fn check_header(bytes: &[u8], number: u64) -> Result<u64, String> {
+/// Checks that `bytes` start with a valid header for segment `number` and returns what
+/// it says; `Err` says why not.
+pub(crate) fn check_header(bytes: &[u8], number: u64) -> Result<SegmentHeader, String> {
     if bytes.len() < SEGMENT_HEADER_LEN {
         return Err(format!("segment header truncated to {} bytes", bytes.len()));
     }
@@ -89,9 +101,10 @@ pub(crate) fn check_header(bytes: &[u8], number: u64) -> Result<u64, String> {
         return Err("segment header checksum mismatch".into());
     }
     let version = u16::from_le_bytes([bytes[VERSION_OFFSET], bytes[VERSION_OFFSET + 1]]);
-    if version != FORMAT_VERSION {
+    if !(OLDEST_READ_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(format!(
-            "unsupported format version {version} (this build reads {FORMAT_VERSION})"
+            "unsupported format version {version} (this build reads \
+             {OLDEST_READ_VERSION} to {FORMAT_VERSION})"
         ));
     }
     let found = read_u64(bytes, NUMBER_OFFSET);
@@ -100,7 +113,10 @@ pub(crate) fn check_header(bytes: &[u8], number: u64) -> Result<u64, String> {
             "header names segment {found} but the file name says {number}"
         ));
     }
-    Ok(read_u64(bytes, FIRST_SEQ_OFFSET))
+    Ok(SegmentHeader {
+        version,
+        first_seq: read_u64(bytes, FIRST_SEQ_OFFSET),
+    })
 }
 
 fn read_u64(bytes: &[u8], offset: usize) -> u64 {
@@ -181,7 +197,11 @@ mod tests {
     #[test]
     fn header_round_trip_and_checks() {
         let header = encode_header(5, 42);
-        assert_eq!(check_header(&header, 5), Ok(42));
+        let expected = SegmentHeader {
+            version: FORMAT_VERSION,
+            first_seq: 42,
+        };
+        assert_eq!(check_header(&header, 5), Ok(expected));
         assert!(check_header(&header, 6).unwrap_err().contains("file name"));
         assert!(check_header(&header[..31], 5).is_err());
         for bit in 0..SEGMENT_HEADER_LEN * 8 {
