@@ -5,6 +5,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{Env, prefix_states, small_segments, workload};
+use procflow_store::io::IoBackend;
 use procflow_store::{Batch, Bytes, Record, Store, StoreError, SyncMode, WalConfig, WalStore};
 
 #[tokio::test]
@@ -398,164 +399,150 @@ async fn a_dropped_commit_future_still_commits_before_the_store_is_dropped() {
     }
 }
 
-/// Records the directory calls of the real file system backend.
-struct DirCalls {
-    fs: procflow_store::io::FsBackend,
-    calls: std::sync::Mutex<Vec<String>>,
-}
-
-impl procflow_store::io::IoBackend for DirCalls {
-    fn create_dir_all(&self, dir: &std::path::Path) -> std::io::Result<()> {
-        self.calls
-            .lock()
-            .unwrap()
-            .push(format!("create {}", dir.display()));
-        self.fs.create_dir_all(dir)
-    }
-    fn lock_dir(
-        &self,
-        dir: &std::path::Path,
-    ) -> std::io::Result<Option<procflow_store::io::DirLock>> {
-        self.fs.lock_dir(dir)
-    }
-    fn list_dir(&self, dir: &std::path::Path) -> std::io::Result<Vec<String>> {
-        self.fs.list_dir(dir)
-    }
-    fn read_file(&self, path: &std::path::Path) -> std::io::Result<Vec<u8>> {
-        self.fs.read_file(path)
-    }
-    fn create_file(
-        &self,
-        path: &std::path::Path,
-    ) -> std::io::Result<Arc<dyn procflow_store::io::LogFile>> {
-        self.fs.create_file(path)
-    }
-    fn open_file(
-        &self,
-        path: &std::path::Path,
-    ) -> std::io::Result<Arc<dyn procflow_store::io::LogFile>> {
-        self.fs.open_file(path)
-    }
-    fn rename(&self, from: &std::path::Path, to: &std::path::Path) -> std::io::Result<()> {
-        self.fs.rename(from, to)
-    }
-    fn remove_file(&self, path: &std::path::Path) -> std::io::Result<()> {
-        self.fs.remove_file(path)
-    }
-    fn sync_dir(&self, dir: &std::path::Path) -> std::io::Result<()> {
-        self.calls
-            .lock()
-            .unwrap()
-            .push(format!("sync {}", dir.display()));
-        self.fs.sync_dir(dir)
-    }
-}
-
-/// Issue 12, point 15: the store directory's own entry is made durable in its parent
-/// right after the directory is created.
+/// Issue 12, point 13: a commit alone in flight, polling for its answer, gets the store's
+/// error when its group fails to write — it must never panic. The group is [A, B]: A's
+/// write fails (its segment roll cannot sync), B is the lone commit waiting.
 #[tokio::test]
-async fn p15_creating_the_store_syncs_its_parent_directory() {
-    let parent = tempfile::tempdir().unwrap();
-    let dir = parent.path().join("store");
-    let backend = Arc::new(DirCalls {
-        fs: procflow_store::io::FsBackend,
-        calls: std::sync::Mutex::new(Vec::new()),
-    });
+async fn p13_lone_commit_gets_an_error_not_a_panic_when_its_group_fails() {
+    use procflow_store::io::{FaultBackend, IoBackend, SimBackend};
+    use std::time::Duration;
+
     let config = WalConfig {
-        sync: SyncMode::Durable,
+        segment_size: 256,
+        // Long enough that B is still polling when the committer gives up on it.
+        spin_wait: Duration::from_secs(30),
         ..WalConfig::default()
     };
-    let store = WalStore::open_with_backend(&dir, config, backend.clone()).unwrap();
-    store.close().await.unwrap();
-    let calls = backend.calls.lock().unwrap().clone();
-    let created = calls
-        .iter()
-        .position(|c| *c == format!("create {}", dir.display()))
-        .expect("the directory is created");
-    let synced = calls
-        .iter()
-        .position(|c| *c == format!("sync {}", parent.path().display()));
+    let dir = std::path::Path::new("/store");
+    let big = || vec![7; 300];
+    // Dry run: how many writes and syncs opening the store costs.
+    let opened = {
+        let probe = FaultBackend::new(Arc::new(SimBackend::new()), u64::MAX);
+        drop(WalStore::open_with_backend(dir, config.clone(), Arc::new(probe.clone())).unwrap());
+        probe.operations()
+    };
+    let sim = SimBackend::new();
+    // X costs an append and a sync; A then rolls the full segment, whose first step, a
+    // sync of the old segment, fails.
+    let fault = FaultBackend::new(Arc::new(sim.clone()), opened + 3);
+    let backend: Arc<dyn IoBackend> = Arc::new(fault);
+    let store = WalStore::open_with_backend(dir, config, backend).unwrap();
+    // X's sync is slow, so A and B queue behind it and form the next group.
+    sim.set_sync_delay(Duration::from_millis(300));
+    poll_once_then_drop(store.commit(Batch::new().put(1, None, big()))).await;
+    poll_once_then_drop(store.commit(Batch::new().put(2, None, big()))).await;
+    // X and A were dropped: B is the only commit in flight, so it polls.
+    let b = store.commit(Batch::new().put(3, None, big())).await;
     assert!(
-        synced.is_some_and(|synced| synced > created),
-        "the parent is not synced after the store directory is created: {calls:?}"
+        matches!(b, Err(StoreError::Poisoned | StoreError::Io { .. })),
+        "{b:?}"
     );
 }
 
-/// A closed store of many small segments, every record the same size (a put of 100
-/// bytes to ids below 128), all live (no compaction). Returns the segment files in order.
-async fn closed_store_of_segments(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let config = WalConfig {
-        segment_size: 1024,
-        sync: SyncMode::NoSync,
-        ..WalConfig::default()
-    };
-    let store = WalStore::open(dir, config).unwrap();
-    for id in 1..=60u64 {
-        let batch = Batch::new().put(id, None, vec![7; 100]);
-        store.commit(batch).await.unwrap();
+/// Polls `future` once (enough to queue a commit) and drops it.
+async fn poll_once_then_drop<F: std::future::Future>(future: F) {
+    let mut future = std::pin::pin!(future);
+    std::future::poll_fn(|cx| {
+        assert!(
+            future.as_mut().poll(cx).is_pending(),
+            "finished before its slow sync"
+        );
+        std::task::Poll::Ready(())
+    })
+    .await;
+}
+
+/// Commits 12 procedures of 100 bytes each into segments of 512 bytes (several records
+/// per segment, none compacted: all stay live), closes the store and returns the
+/// segment files.
+async fn several_closed_segments(env: &Env) -> Vec<std::path::PathBuf> {
+    let store = env.open(small_segments(env, 512)).unwrap();
+    for id in 0..12 {
+        store
+            .commit(Batch::new().put(id, None, vec![id as u8; 100]))
+            .await
+            .unwrap();
     }
     store.close().await.unwrap();
     drop(store);
-    let mut segments: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|entry| entry.unwrap().path())
-        .filter(|path| path.extension().is_some_and(|e| e == "wal"))
-        .collect();
-    segments.sort();
-    assert!(segments.len() >= 4, "{segments:?}");
+    let segments = env.segments();
+    assert!(segments.len() >= 4, "{}: {segments:?}", env.name);
     segments
 }
 
-fn corrupt_file(result: Result<WalStore, StoreError>) -> std::path::PathBuf {
-    match result {
-        Err(StoreError::Corrupt { file, .. }) => file,
-        Err(other) => panic!("expected corruption, got {other}"),
-        Ok(_) => panic!("a store that lost acknowledged records opened cleanly"),
+/// The offset of the last record in a segment file (segment header: 32 bytes; record:
+/// 32-byte header with the payload length at offset 4, then the payload).
+fn last_record_offset(bytes: &[u8]) -> usize {
+    let mut offset = 32;
+    let mut last = offset;
+    while offset < bytes.len() {
+        last = offset;
+        let len = u32::from_le_bytes(bytes[offset + 4..offset + 8].try_into().unwrap());
+        offset += 32 + len as usize;
+    }
+    last
+}
+
+fn assert_corrupt_naming(err: StoreError, file: &std::path::Path, env: &Env) {
+    match err {
+        StoreError::Corrupt { file: named, .. } => assert_eq!(named, file, "{}", env.name),
+        other => panic!(
+            "{}: expected Corrupt naming {file:?}, got {other}",
+            env.name
+        ),
     }
 }
 
-/// Issue 12, point 12: a segment deleted from the middle of the log is corruption naming
-/// the missing file, not a log that silently lacks its records.
+/// Issue 12, point 12: deleting a segment from the middle of the log drops acknowledged
+/// records; the open must fail and name the missing file.
 #[tokio::test]
-async fn p12_a_missing_middle_segment_is_corruption_naming_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let segments = closed_store_of_segments(dir.path()).await;
-    std::fs::remove_file(&segments[1]).unwrap();
-    let file = corrupt_file(WalStore::open(dir.path(), WalConfig::default()));
-    assert_eq!(file, segments[1]);
+async fn p12_a_missing_middle_segment_is_corruption() {
+    for env in Env::all() {
+        let segments = several_closed_segments(&env).await;
+        let middle = &segments[1];
+        match env.name {
+            "sim" => env.sim_backend().remove_file(middle).unwrap(),
+            _ => std::fs::remove_file(middle).unwrap(),
+        }
+        let err = env.open(small_segments(&env, 512)).unwrap_err();
+        assert_corrupt_naming(err, middle, &env);
+    }
 }
 
-/// Issue 12, point 12: a closed segment cut short at a record boundary (its last record
-/// gone, every remaining record valid) is corruption: the next segment's first record
-/// does not follow.
+/// Issue 12, point 12: cutting a closed segment's last record off at a record boundary
+/// leaves a well-formed file; the open must still see the records are missing.
 #[tokio::test]
 async fn p12_a_closed_segment_cut_at_a_record_boundary_is_corruption() {
-    let dir = tempfile::tempdir().unwrap();
-    let segments = closed_store_of_segments(dir.path()).await;
-    // Every record has the same size: measure one in a store of its own.
-    let len = |path: &std::path::Path| std::fs::metadata(path).unwrap().len();
-    let record = {
-        let other = tempfile::tempdir().unwrap();
-        let store = WalStore::open(other.path(), WalConfig::default()).unwrap();
-        let segment = other.path().join("segment-0000000000000001.wal");
-        let empty = len(&segment);
-        store
-            .commit(Batch::new().put(1, None, vec![7; 100]))
-            .await
-            .unwrap();
-        store.close().await.unwrap();
-        len(&segment) - empty
-    };
-    let victim = &segments[1];
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(victim)
-        .unwrap();
-    file.set_len(len(victim) - record).unwrap();
-    drop(file);
-    let file = corrupt_file(WalStore::open(dir.path(), WalConfig::default()));
-    assert_eq!(
-        &file, &segments[2],
-        "reported where the records stop following"
-    );
+    for env in Env::all() {
+        let segments = several_closed_segments(&env).await;
+        // Every closed segment, including the one just before the active segment.
+        for closed in &segments[..segments.len() - 1] {
+            let bytes = env.read(closed);
+            env.write(closed, &bytes[..last_record_offset(&bytes)]);
+            let err = env.open(small_segments(&env, 512)).unwrap_err();
+            assert_corrupt_naming(err, closed, &env);
+            env.write(closed, &bytes);
+        }
+        // Undamaged again, it opens.
+        env.open(small_segments(&env, 512)).unwrap();
+    }
+}
+
+/// Issue 12, point 12: a segment cut short whose successor holds no record yet (a roll
+/// just happened) is found by the successor's header, which names its first sequence
+/// number.
+#[tokio::test]
+async fn p12_a_shortened_segment_before_an_empty_active_one_is_corruption() {
+    for env in Env::all() {
+        let segments = several_closed_segments(&env).await;
+        let last = segments.last().unwrap();
+        let before = &segments[segments.len() - 2];
+        // Leave the active segment with its header only, and shorten the one before.
+        let active = env.read(last);
+        env.write(last, &active[..32]);
+        let bytes = env.read(before);
+        env.write(before, &bytes[..last_record_offset(&bytes)]);
+        let err = env.open(small_segments(&env, 512)).unwrap_err();
+        assert_corrupt_naming(err, before, &env);
+    }
 }

@@ -1,7 +1,7 @@
 //! [`FaultBackend`]: fails the Nth write or sync.
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -91,7 +91,7 @@ impl LogFile for FaultFile {
 }
 
 impl IoBackend for FaultBackend {
-    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
         self.inner.create_dir_all(dir)
     }
 

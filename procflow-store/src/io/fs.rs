@@ -2,7 +2,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::{DirLock, IoBackend, LogFile};
@@ -23,12 +23,25 @@ fn options() -> OpenOptions {
 }
 
 impl IoBackend for FsBackend {
-    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
+        // One level at a time, outermost first, to learn which ones are new.
+        let missing: Vec<&Path> = dir
+            .ancestors()
+            .take_while(|a| !a.as_os_str().is_empty() && fs::metadata(a).is_err())
+            .collect();
         let mut builder = fs::DirBuilder::new();
-        builder.recursive(true);
         #[cfg(unix)]
         std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-        builder.create(dir)
+        let mut created = Vec::new();
+        for new in missing.into_iter().rev() {
+            match builder.create(new) {
+                Ok(()) => created.push(new.to_path_buf()),
+                // Someone else made it meanwhile: theirs to make durable.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && new.is_dir() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(created)
     }
 
     fn lock_dir(&self, dir: &Path) -> io::Result<Option<DirLock>> {

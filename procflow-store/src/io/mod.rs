@@ -11,7 +11,7 @@ mod sim;
 
 use std::any::Any;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub use fault::FaultBackend;
@@ -25,10 +25,14 @@ pub type DirLock = Box<dyn Any + Send + Sync>;
 ///
 /// Durability contract: data appended to a [`LogFile`] is durable once
 /// [`LogFile::sync_data`] returned `Ok`; a created, renamed or removed name is durable
-/// once [`IoBackend::sync_dir`] on its directory returned `Ok`.
+/// once [`IoBackend::sync_dir`] on its directory returned `Ok`. That includes the entry
+/// of a directory made by [`IoBackend::create_dir_all`]: it is durable once its parent
+/// was synced.
 pub trait IoBackend: Send + Sync + 'static {
     /// Creates `dir` and its parents (mode 0700 for new directories where supported).
-    fn create_dir_all(&self, dir: &Path) -> io::Result<()>;
+    /// Returns the directories it created, outermost first, so the caller can sync
+    /// their parents.
+    fn create_dir_all(&self, dir: &Path) -> io::Result<Vec<PathBuf>>;
     /// Takes an exclusive lock on `dir`; `Ok(None)` if someone else holds it.
     fn lock_dir(&self, dir: &Path) -> io::Result<Option<DirLock>>;
     /// The names of the files in `dir`.

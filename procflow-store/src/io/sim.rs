@@ -16,7 +16,9 @@ use super::{DirLock, IoBackend, LogFile};
 /// for every `n` runs it again on a backend built with [`SimBackend::crash_at_sync`]`(n)`:
 /// the `n`th sync fails without taking effect and every later operation fails, as if the
 /// machine had lost power. [`SimBackend::crash_image`] then yields a backend holding only
-/// the durable image, to reopen the store from. Directories are always durable.
+/// the durable image, to reopen the store from. A new directory's entry is durable once
+/// its parent was synced; a file is in the crash image only if every directory above it
+/// is.
 #[derive(Clone, Default)]
 pub struct SimBackend {
     fs: Arc<Mutex<SimFs>>,
@@ -28,6 +30,8 @@ struct SimFs {
     live: BTreeMap<PathBuf, usize>,
     durable: BTreeMap<PathBuf, usize>,
     dirs: BTreeSet<PathBuf>,
+    /// The directories whose entry in their parent is durable.
+    durable_dirs: BTreeSet<PathBuf>,
     locks: BTreeSet<PathBuf>,
     syncs: u64,
     crash_at: Option<u64>,
@@ -53,6 +57,14 @@ fn not_found(path: &Path) -> io::Error {
 }
 
 impl SimFs {
+    /// Whether every directory above `path` has a durable entry (a root has none to
+    /// lose).
+    fn reachable_after_crash(&self, path: &Path) -> bool {
+        path.ancestors()
+            .skip(1)
+            .all(|dir| dir.parent().is_none() || self.durable_dirs.contains(dir))
+    }
+
     fn check(&self) -> io::Result<()> {
         if self.crashed { Err(crashed()) } else { Ok(()) }
     }
@@ -106,11 +118,21 @@ impl SimBackend {
     /// after a power loss. Locks are not carried over.
     pub fn crash_image(&self) -> SimBackend {
         let fs = self.lock();
+        let dirs: BTreeSet<PathBuf> = fs
+            .durable_dirs
+            .iter()
+            .filter(|dir| fs.reachable_after_crash(dir))
+            .cloned()
+            .collect();
         let mut image = SimFs {
-            dirs: fs.dirs.clone(),
+            durable_dirs: dirs.clone(),
+            dirs,
             ..SimFs::default()
         };
         for (path, &inode) in &fs.durable {
+            if !fs.reachable_after_crash(path) {
+                continue;
+            }
             let data = fs.inodes[inode].durable.clone();
             image.inodes.push(Inode {
                 live: data.clone(),
@@ -125,6 +147,39 @@ impl SimBackend {
         }
     }
 
+    /// Like [`SimBackend::crash_image`], but the disk had also written back some of the
+    /// data appended since each file's last sync, in no particular order: the unsynced
+    /// part of a file is cut into `page_size` pages (at file offsets that are multiples
+    /// of `page_size`), and `keep(path, page)` says whether page number `page` reached
+    /// the disk. A page that did not reads as zeros where it was unsynced; the file keeps
+    /// its live length if any unsynced page was kept.
+    ///
+    /// # Panics
+    ///
+    /// If `page_size` is zero.
+    pub fn crash_image_with_pages(
+        &self,
+        page_size: usize,
+        mut keep: impl FnMut(&Path, usize) -> bool,
+    ) -> SimBackend {
+        assert!(page_size > 0, "page size zero");
+        let image = self.crash_image();
+        let fs = self.lock();
+        let mut out = image.lock();
+        for (path, &inode) in &fs.durable {
+            let Some(&target) = out.live.get(path) else {
+                continue;
+            };
+            let data = written_back(&fs.inodes[inode], page_size, |page| keep(path, page));
+            out.inodes[target] = Inode {
+                live: data.clone(),
+                durable: data,
+            };
+        }
+        drop(out);
+        image
+    }
+
     /// A new backend holding the live image, made fully durable, as a restarted process
     /// would find it after the operating system flushed everything. Locks are not
     /// carried over.
@@ -134,6 +189,7 @@ impl SimBackend {
         fs.crashed = false;
         fs.crash_at = None;
         fs.durable = fs.live.clone();
+        fs.durable_dirs = fs.dirs.clone();
         for inode in &mut fs.inodes {
             inode.durable = inode.live.clone();
         }
@@ -160,6 +216,32 @@ impl SimBackend {
         };
         Ok(())
     }
+}
+
+/// What a power loss leaves of `inode` when the pages `keep` selects of its unsynced
+/// appends were written back.
+fn written_back(inode: &Inode, page_size: usize, mut keep: impl FnMut(usize) -> bool) -> Vec<u8> {
+    let synced = inode.durable.len();
+    // Only appends after the synced data are modelled; after a truncation below it the
+    // durable image is all there is.
+    if !inode.live.starts_with(&inode.durable) || inode.live.len() == synced {
+        return inode.durable.clone();
+    }
+    let mut data = inode.live.clone();
+    let mut any_kept = false;
+    for page in synced / page_size..data.len().div_ceil(page_size) {
+        let start = (page * page_size).max(synced);
+        let end = ((page + 1) * page_size).min(data.len());
+        if keep(page) {
+            any_kept = true;
+        } else {
+            data[start..end].fill(0);
+        }
+    }
+    if !any_kept {
+        data.truncate(synced);
+    }
+    data
 }
 
 struct SimLock {
@@ -218,13 +300,22 @@ impl LogFile for SimFile {
 }
 
 impl IoBackend for SimBackend {
-    fn create_dir_all(&self, dir: &Path) -> io::Result<()> {
+    fn create_dir_all(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
         let mut fs = self.lock();
         fs.check()?;
+        let mut created = Vec::new();
         for ancestor in dir.ancestors() {
-            fs.dirs.insert(ancestor.to_path_buf());
+            if fs.dirs.insert(ancestor.to_path_buf()) {
+                if ancestor.parent().is_none() {
+                    // A root has no parent entry to lose.
+                    fs.durable_dirs.insert(ancestor.to_path_buf());
+                } else {
+                    created.push(ancestor.to_path_buf());
+                }
+            }
         }
-        Ok(())
+        created.reverse();
+        Ok(created)
     }
 
     fn lock_dir(&self, dir: &Path) -> io::Result<Option<DirLock>> {
@@ -317,6 +408,8 @@ impl IoBackend for SimBackend {
             .collect();
         fs.durable.retain(|path, _| !in_dir(path));
         fs.durable.extend(live);
+        let subdirs: Vec<PathBuf> = fs.dirs.iter().filter(|d| in_dir(d)).cloned().collect();
+        fs.durable_dirs.extend(subdirs);
         Ok(())
     }
 }

@@ -169,10 +169,12 @@ fn serve(inner: &Inner, group: Vec<Request>) {
                         Ok(()) => written.push(reply),
                         Err(Fault::Refused(e)) => answer(reply, Err(e)),
                         Err(Fault::Io(e)) => {
-                            // The record may be half on disk: nothing more is written.
+                            // The record may be half on disk: nothing more is written
+                            // (the store is poisoned, so `write` refuses the rest of the
+                            // group). Every later request is still answered: a dropped
+                            // reply would leave its commit to guess what happened.
                             answer(reply, Err(e));
                             outcome = Err(StoreError::Poisoned);
-                            break;
                         }
                     }
                 }
@@ -251,6 +253,7 @@ fn sync(inner: &Inner, wrote: bool) -> Result<(), StoreError> {
         let path = inner.lock_log().writer.active_path();
         inner.poison(StoreError::io("syncing a segment", path, e))
     })?;
+    inner.lock_log().writer.note_synced();
     inner.group_syncs.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }

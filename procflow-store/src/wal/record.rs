@@ -6,7 +6,7 @@
 //! offset  size  field
 //!      0     1  marker, RECORD_MARKER (0xB7)
 //!      1     1  kind: KIND_BATCH (1) or KIND_COMPACTION (2)
-//!      2     1  flags: FLAG_FENCING_TOKEN (bit 0); other bits zero
+//!      2     1  flags: FLAG_FENCING_TOKEN (bit 0), FLAG_GROUP_START (bit 1); others zero
 //!      3     1  reserved, zero
 //!      4     4  payload length in bytes (u32)
 //!      8     8  sequence number (u64), strictly increasing through the log
@@ -31,6 +31,9 @@ pub(crate) const KIND_BATCH: u8 = 1;
 pub(crate) const KIND_COMPACTION: u8 = 2;
 /// Flag bit: the fencing-token field holds a token.
 pub(crate) const FLAG_FENCING_TOKEN: u8 = 0b0000_0001;
+/// Flag bit: the record starts a group written after everything before it in its
+/// segment was made durable, so damage before it is never a torn write.
+pub(crate) const FLAG_GROUP_START: u8 = 0b0000_0010;
 
 const MARKER_OFFSET: usize = 0;
 const KIND_OFFSET: usize = 1;
@@ -52,6 +55,8 @@ pub(crate) struct RecordHeader {
     pub(crate) seq: u64,
     pub(crate) fencing_token: Option<u64>,
     pub(crate) payload_crc: u32,
+    /// [`FLAG_GROUP_START`] is set.
+    pub(crate) starts_group: bool,
 }
 
 impl RecordHeader {
@@ -155,7 +160,7 @@ pub(crate) fn decode_header(buf: &[u8]) -> Result<RecordHeader, HeaderError> {
         return Err(HeaderError::Unsupported(format!("kind {kind}")));
     }
     let flags = buf[FLAGS_OFFSET];
-    if flags & !FLAG_FENCING_TOKEN != 0 || buf[RESERVED_OFFSET] != 0 {
+    if flags & !(FLAG_FENCING_TOKEN | FLAG_GROUP_START) != 0 || buf[RESERVED_OFFSET] != 0 {
         return Err(HeaderError::Unsupported(format!("flags {flags:#04x}")));
     }
     let token = u64_at(buf, TOKEN_OFFSET);
@@ -165,7 +170,16 @@ pub(crate) fn decode_header(buf: &[u8]) -> Result<RecordHeader, HeaderError> {
         seq: u64_at(buf, SEQ_OFFSET),
         fencing_token: (flags & FLAG_FENCING_TOKEN != 0).then_some(token),
         payload_crc: u32_at(buf, PAYLOAD_CRC_OFFSET),
+        starts_group: flags & FLAG_GROUP_START != 0,
     })
+}
+
+/// Sets [`FLAG_GROUP_START`] in the encoded record starting `record` and reseals its
+/// header checksum. Done by the writer, which alone knows where groups start.
+pub(crate) fn mark_group_start(record: &mut [u8]) {
+    record[FLAGS_OFFSET] |= FLAG_GROUP_START;
+    let header_crc = crc32c::crc32c(&record[..HEADER_CRC_OFFSET]);
+    record[HEADER_CRC_OFFSET..RECORD_HEADER_LEN].copy_from_slice(&header_crc.to_le_bytes());
 }
 
 /// `true` if `payload` matches the checksum in `header`.
@@ -268,6 +282,10 @@ mod tests {
             format!(
                 "bit {} `FLAG_FENCING_TOKEN`",
                 FLAG_FENCING_TOKEN.trailing_zeros()
+            ),
+            format!(
+                "bit {} `FLAG_GROUP_START`",
+                FLAG_GROUP_START.trailing_zeros()
             ),
             format!("`RECORD_HEADER_LEN` = {RECORD_HEADER_LEN}"),
             format!("| {MARKER_OFFSET} | 1 | marker"),

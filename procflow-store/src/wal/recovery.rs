@@ -7,13 +7,20 @@
 //! the file or a checksum mismatch there ends the log, and those bytes were never
 //! acknowledged. The same damage followed by a valid record, or anywhere in a closed
 //! segment, means acknowledged data would be lost: that is [`StoreError::Corrupt`].
+//!
+//! Missing data is found by numbering ([`check_segment_numbers`], [`SeqCheck`]): segment
+//! numbers go up by one at each roll and compaction deletes only the oldest segment, so
+//! the kept segments are numbered without a gap; sequence numbers go up by one at each
+//! record, across segments too, and each segment header records the sequence number its
+//! first record carries. A missing segment, or a closed one cut short at a record
+//! boundary, breaks one of these chains.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::compaction::LiveIndex;
 use super::record::{self, HeaderError, RECORD_HEADER_LEN, RECORD_MARKER, RecordHeader};
-use super::segment::{self, SEGMENT_HEADER_LEN, TMP_SUFFIX};
+use super::segment::{self, FIRST_SEQ_UNKNOWN, SEGMENT_HEADER_LEN, TMP_SUFFIX};
 use super::writer::SegmentInfo;
 use crate::error::StoreError;
 use crate::io::{IoBackend, LogFile};
@@ -32,6 +39,9 @@ pub(crate) struct ScannedRecord {
 /// The result of scanning one segment.
 #[derive(Debug)]
 pub(crate) struct SegmentScan {
+    /// The sequence number the header says the first record carries, or
+    /// [`FIRST_SEQ_UNKNOWN`].
+    pub(crate) first_seq: u64,
     pub(crate) records: Vec<ScannedRecord>,
     /// Bytes up to the end of the last valid record; the file is cut here if shorter.
     pub(crate) valid_len: u64,
@@ -73,11 +83,15 @@ fn read_record(segment: &Bytes, offset: usize) -> Result<(RecordHeader, Vec<Chan
     Ok((header, changes))
 }
 
-/// The offset of the first valid record at or after `from`, if any.
-fn find_valid_record(bytes: &Bytes, from: usize) -> Option<usize> {
+/// The offset of the first valid record at or after `from` that starts a group (any
+/// valid record if `all_start_groups`), if any. Everything before such a record was
+/// durable when it was written, so damage before it is not a torn write.
+fn find_group_start(bytes: &Bytes, from: usize, all_start_groups: bool) -> Option<usize> {
     (from..bytes.len())
         .filter(|&i| bytes[i] == RECORD_MARKER)
-        .find(|&i| read_record(bytes, i).is_ok())
+        .find(|&i| {
+            read_record(bytes, i).is_ok_and(|(header, _)| all_start_groups || header.starts_group)
+        })
 }
 
 /// Scans the bytes of segment `number` (read from `file`). Damage ends the log only in
@@ -93,7 +107,10 @@ pub(crate) fn scan_segment(
         offset: offset as u64,
         reason,
     };
-    segment::check_header(bytes, number).map_err(|reason| corrupt(0, reason))?;
+    let header = segment::check_header(bytes, number).map_err(|reason| corrupt(0, reason))?;
+    let first_seq = header.first_seq;
+    // Version 1 did not mark group starts: any valid record counts as one.
+    let all_start_groups = header.version < 2;
     let mut records = Vec::new();
     let mut offset = SEGMENT_HEADER_LEN;
     while offset < bytes.len() {
@@ -112,13 +129,19 @@ pub(crate) fn scan_segment(
                 if !is_last {
                     return Err(corrupt(offset, format!("{reason} in a closed segment")));
                 }
-                if let Some(next) = find_valid_record(bytes, offset + 1) {
+                // The last group went to disk in one write whose pages the disk may
+                // have persisted in any order: damage with only records of that group
+                // after it is a torn write. A later group start proves a sync covered it.
+                if let Some(next) = find_group_start(bytes, offset + 1, all_start_groups) {
                     return Err(corrupt(
                         offset,
-                        format!("{reason}, but a valid record follows at offset {next}"),
+                        format!(
+                            "{reason}, but a record written after a sync follows at offset {next}"
+                        ),
                     ));
                 }
                 return Ok(SegmentScan {
+                    first_seq,
                     records,
                     valid_len: offset as u64,
                     torn: Some(reason),
@@ -127,28 +150,11 @@ pub(crate) fn scan_segment(
         }
     }
     Ok(SegmentScan {
+        first_seq,
         records,
         valid_len: offset as u64,
         torn: None,
     })
-}
-
-/// Segments are numbered one after another and only the oldest is ever deleted
-/// (compaction): a missing number between two present ones is a lost segment.
-fn check_contiguous(dir: &Path, numbers: &[u64]) -> Result<(), StoreError> {
-    for pair in numbers.windows(2) {
-        if pair[1] != pair[0] + 1 {
-            return Err(StoreError::Corrupt {
-                file: segment::path(dir, pair[0] + 1),
-                offset: 0,
-                reason: format!(
-                    "segment missing between segments {} and {}",
-                    pair[0], pair[1]
-                ),
-            });
-        }
-    }
-    Ok(())
 }
 
 /// Everything [`recover`] reconstructed.
@@ -161,13 +167,106 @@ pub(crate) struct Recovered {
     pub(crate) next_seq: u64,
 }
 
+/// Fails if the kept segments are not numbered contiguously: a segment is missing.
+fn check_segment_numbers(dir: &Path, numbers: &[u64]) -> Result<(), StoreError> {
+    for pair in numbers.windows(2) {
+        if pair[1] != pair[0] + 1 {
+            let missing = pair[0] + 1;
+            return Err(StoreError::Corrupt {
+                file: segment::path(dir, missing),
+                offset: 0,
+                reason: format!(
+                    "segment {missing} is missing between segments {} and {}",
+                    pair[0], pair[1]
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks that sequence numbers run on by one through the whole log.
+#[derive(Default)]
+struct SeqCheck {
+    /// The sequence number the next record must carry, once known.
+    expected: Option<u64>,
+    /// The segment read before the current one, and its length, for error messages.
+    previous: Option<(PathBuf, u64)>,
+}
+
+impl SeqCheck {
+    /// A segment starts; its header says its first record carries `first_seq`.
+    fn segment(&mut self, path: &Path, first_seq: u64) -> Result<(), StoreError> {
+        if first_seq == FIRST_SEQ_UNKNOWN {
+            return Ok(());
+        }
+        if first_seq == u64::MAX {
+            return Err(exhausted(path, 0));
+        }
+        if let (Some(expected), Some((previous, len))) = (self.expected, &self.previous)
+            && first_seq != expected
+        {
+            // The header is checksummed, so the segment before it lost its last records.
+            return Err(StoreError::Corrupt {
+                file: previous.clone(),
+                offset: *len,
+                reason: format!(
+                    "segment ends before sequence number {expected}, but the next segment \
+                     ({}) starts at {first_seq}: records are missing",
+                    path.display()
+                ),
+            });
+        }
+        self.expected = Some(first_seq);
+        Ok(())
+    }
+
+    /// A record at `offset` of `path` carries `seq`.
+    fn record(&mut self, path: &Path, offset: u64, seq: u64) -> Result<(), StoreError> {
+        if let Some(expected) = self.expected
+            && seq != expected
+        {
+            let reason = if seq < expected {
+                format!("sequence number {seq} does not follow {}", expected - 1)
+            } else {
+                format!("sequence number {seq} where {expected} was expected: records are missing")
+            };
+            return Err(StoreError::Corrupt {
+                file: path.to_path_buf(),
+                offset,
+                reason,
+            });
+        }
+        // A log never gets near 2^64 records: such a number is damage, and the next
+        // record could not be numbered.
+        self.expected = Some(seq.checked_add(1).ok_or_else(|| exhausted(path, offset))?);
+        Ok(())
+    }
+
+    /// A segment ended `len` bytes long.
+    fn end_segment(&mut self, path: &Path, len: u64) {
+        self.previous = Some((path.to_path_buf(), len));
+    }
+}
+
+fn exhausted(path: &Path, offset: u64) -> StoreError {
+    StoreError::Corrupt {
+        file: path.to_path_buf(),
+        offset,
+        reason: format!(
+            "sequence number {} leaves none for the next record",
+            u64::MAX
+        ),
+    }
+}
+
 fn io_err(context: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> StoreError {
     let path = path.to_path_buf();
     move |e| StoreError::io(context, path, e)
 }
 
-/// Replays the log in `dir`: removes half-created segments, checks that no segment and no
-/// record is missing (numbers follow one another), scans every segment, truncates a torn tail (durably when `sync`), creates
+/// Replays the log in `dir`: removes half-created segments, scans every segment, checks
+/// that no segment or record is missing, truncates a torn tail (durably when `sync`), creates
 /// the first segment of a new log, and opens the active segment for appending.
 pub(crate) fn recover(
     backend: &dyn IoBackend,
@@ -200,13 +299,14 @@ pub(crate) fn recover(
             .map_err(io_err("syncing the store directory", dir))?;
     }
     numbers.sort_unstable();
+    check_segment_numbers(dir, &numbers)?;
 
     let mut state = State::default();
     let mut index = LiveIndex::default();
     let mut segments = Vec::with_capacity(numbers.len());
-    let mut last_seq: Option<u64> = None;
+    let mut seqs = SeqCheck::default();
     let Some(&last_number) = numbers.last() else {
-        let active = segment::create(backend, dir, 1, sync)?;
+        let active = segment::create(backend, dir, 1, 1, sync)?;
         return Ok(Recovered {
             state,
             index,
@@ -218,7 +318,6 @@ pub(crate) fn recover(
             next_seq: 1,
         });
     };
-    check_contiguous(dir, &numbers)?;
     for &number in &numbers {
         let path = segment::path(dir, number);
         // The live values recovered from this segment stay slices of this buffer, so
@@ -230,23 +329,9 @@ pub(crate) fn recover(
                 .map_err(io_err("reading a segment", &path))?,
         );
         let scan = scan_segment(&path, number, &bytes, number == last_number)?;
+        seqs.segment(&path, scan.first_seq)?;
         for record in scan.records {
-            // Every record takes the next number, across segments too: a jump means
-            // records between were lost (a segment cut short at a record boundary).
-            if let Some(prev) = last_seq
-                && record.header.seq != prev + 1
-            {
-                return Err(StoreError::Corrupt {
-                    file: path,
-                    offset: record.offset,
-                    reason: format!(
-                        "sequence number {} does not follow {prev}: records are missing \
-                         before it",
-                        record.header.seq
-                    ),
-                });
-            }
-            last_seq = Some(record.header.seq);
+            seqs.record(&path, record.offset, record.header.seq)?;
             state.observe_token(record.header.fencing_token);
             for change in record.changes {
                 index.note(number, &change);
@@ -264,6 +349,7 @@ pub(crate) fn recover(
                     .map_err(io_err("syncing a truncated segment", &path))?;
             }
         }
+        seqs.end_segment(&path, scan.valid_len);
         segments.push(SegmentInfo {
             number,
             len: scan.valid_len,
@@ -273,12 +359,20 @@ pub(crate) fn recover(
     let active = backend
         .open_file(&path)
         .map_err(io_err("opening the active segment", &path))?;
+    if sync {
+        // What was read may still be only in the page cache (the process, not the
+        // machine, crashed). The next group's first record will claim that everything
+        // before it is durable, so make it so.
+        active
+            .sync_data()
+            .map_err(io_err("syncing the active segment", &path))?;
+    }
     Ok(Recovered {
         state,
         index,
         segments,
         active,
-        next_seq: last_seq.map_or(1, |seq| seq + 1),
+        next_seq: seqs.expected.unwrap_or(1),
     })
 }
 
@@ -287,13 +381,46 @@ mod tests {
     use super::*;
     use crate::wal::record::KIND_BATCH;
 
+    /// A segment of `records` records, each its own group (synced before the next).
     fn log(records: usize) -> Vec<u8> {
-        let mut bytes = segment::encode_header(1).to_vec();
+        let mut bytes = segment::encode_header(1, 1).to_vec();
         for seq in 1..=records as u64 {
             let change = Change::Delete { id: seq };
-            bytes.extend(record::encode(KIND_BATCH, seq, None, &[change]).unwrap());
+            let mut record = record::encode(KIND_BATCH, seq, None, &[change]).unwrap();
+            record::mark_group_start(&mut record);
+            bytes.extend(record);
         }
         bytes
+    }
+
+    /// Issue 12, point 14: damage followed only by records of its own group (written in
+    /// the same unsynced `write`) is a torn tail; followed by a group start, corruption.
+    #[test]
+    fn p14_damage_inside_the_last_group_is_a_torn_tail() {
+        let mut bytes = log(1);
+        let synced = bytes.len();
+        // One group of three records: only the first is marked.
+        for seq in 2..=4u64 {
+            let change = Change::Delete { id: seq };
+            let mut record = record::encode(KIND_BATCH, seq, None, &[change]).unwrap();
+            if seq == 2 {
+                record::mark_group_start(&mut record);
+            }
+            bytes.extend(record);
+        }
+        // The group's first page was lost, its later ones written.
+        let mut holed = bytes.clone();
+        holed[synced..synced + 40].fill(0);
+        let torn = scan(&holed, true).unwrap();
+        assert_eq!(torn.records.len(), 1);
+        assert_eq!(torn.valid_len, synced as u64);
+        // Damage before the synced group start is still corruption.
+        let mut damaged = bytes.clone();
+        damaged[SEGMENT_HEADER_LEN + RECORD_HEADER_LEN] ^= 1;
+        assert!(matches!(
+            scan(&damaged, true),
+            Err(StoreError::Corrupt { .. })
+        ));
     }
 
     fn scan(bytes: &[u8], is_last: bool) -> Result<SegmentScan, StoreError> {
@@ -342,6 +469,63 @@ mod tests {
         assert!(matches!(
             scan(&bytes[..bytes.len() - 1], false),
             Err(StoreError::Corrupt { .. })
+        ));
+    }
+
+    /// Writes segment `number` in the format before the header recorded its first
+    /// sequence number, holding records `seqs`.
+    fn write_old_segment(
+        sim: &crate::io::SimBackend,
+        number: u64,
+        seqs: std::ops::RangeInclusive<u64>,
+    ) {
+        let mut bytes = segment::encode_header(number, FIRST_SEQ_UNKNOWN).to_vec();
+        for seq in seqs {
+            let change = Change::Delete { id: seq };
+            bytes.extend(record::encode(KIND_BATCH, seq, None, &[change]).unwrap());
+        }
+        let path = segment::path(Path::new("/store"), number);
+        sim.create_dir_all(Path::new("/store")).unwrap();
+        sim.create_file(&path).unwrap().append(&bytes).unwrap();
+    }
+
+    /// Issue 12, point 12: segments written before the header recorded a first sequence
+    /// number (0 there) still open, and their records are still checked for gaps.
+    #[test]
+    fn p12_segments_without_a_first_sequence_number_still_open() {
+        let dir = Path::new("/store");
+        let sim = crate::io::SimBackend::new();
+        write_old_segment(&sim, 1, 1..=3);
+        write_old_segment(&sim, 2, 4..=5);
+        assert_eq!(recover(&sim, dir, true).unwrap().next_seq, 6);
+        // A record missing between them is still found.
+        let sim = crate::io::SimBackend::new();
+        write_old_segment(&sim, 1, 1..=2);
+        write_old_segment(&sim, 2, 4..=5);
+        let Err(StoreError::Corrupt { file, reason, .. }) = recover(&sim, dir, true) else {
+            panic!("a missing record went unnoticed");
+        };
+        assert_eq!(file, segment::path(dir, 2));
+        assert!(reason.contains("missing"), "{reason}");
+    }
+
+    /// Issue 12, point 14: a version 1 segment, which marks no group starts, still opens,
+    /// under version 1's rule: damage before any valid record is corruption.
+    #[test]
+    fn p14_version_1_segments_are_read_with_the_old_rule() {
+        let mut bytes = segment::encode_header(1, FIRST_SEQ_UNKNOWN).to_vec();
+        bytes[8..10].copy_from_slice(&1u16.to_le_bytes());
+        let crc = crc32c::crc32c(&bytes[..28]);
+        bytes[28..32].copy_from_slice(&crc.to_le_bytes());
+        for seq in 1..=3u64 {
+            let change = Change::Delete { id: seq };
+            bytes.extend(record::encode(KIND_BATCH, seq, None, &[change]).unwrap());
+        }
+        assert_eq!(scan(&bytes, true).unwrap().records.len(), 3);
+        bytes[SEGMENT_HEADER_LEN + 1] ^= 1;
+        assert!(matches!(
+            scan(&bytes, true),
+            Err(StoreError::Corrupt { offset: 32, .. })
         ));
     }
 }

@@ -5,10 +5,12 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic, SEGMENT_MAGIC (b"PFLOWWAL")
-//!      8     2  format version (u16), FORMAT_VERSION (1)
+//!      8     2  format version (u16), FORMAT_VERSION (2); 1 is still read
 //!     10     2  reserved, zero
 //!     12     8  segment number (u64), equal to the number in the file name
-//!     20     8  reserved, zero
+//!     20     8  first sequence number (u64): the one this segment's first record
+//!               carries, one more than the previous segment's last; 0 = not recorded
+//!               (segments written before this field existed)
 //!     28     4  CRC32C of header bytes 0..28
 //!     32     -  records (see record.rs), back to back, up to the end of the file
 //! ```
@@ -21,12 +23,27 @@ use crate::io::{IoBackend, LogFile};
 
 /// First eight bytes of every segment file.
 pub(crate) const SEGMENT_MAGIC: [u8; 8] = *b"PFLOWWAL";
-/// The on-disk format version this code writes and reads.
-pub(crate) const FORMAT_VERSION: u16 = 1;
+/// The on-disk format version this code writes. Version 2 added
+/// [`FLAG_GROUP_START`](super::record::FLAG_GROUP_START); a version 1 segment has no
+/// such flags, and is read as if every record started a group.
+pub(crate) const FORMAT_VERSION: u16 = 2;
+/// The oldest format version this code reads.
+pub(crate) const OLDEST_READ_VERSION: u16 = 1;
+
+/// What a valid segment header says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SegmentHeader {
+    pub(crate) version: u16,
+    /// The first sequence number it records, or [`FIRST_SEQ_UNKNOWN`].
+    pub(crate) first_seq: u64,
+}
 
 const MAGIC_OFFSET: usize = 0;
 const VERSION_OFFSET: usize = 8;
 const NUMBER_OFFSET: usize = 12;
+const FIRST_SEQ_OFFSET: usize = 20;
+/// [`FIRST_SEQ_OFFSET`] of a segment that does not record its first sequence number.
+pub(crate) const FIRST_SEQ_UNKNOWN: u64 = 0;
 const HEADER_CRC_OFFSET: usize = 28;
 /// Size of the segment header; the first record starts here.
 pub(crate) const SEGMENT_HEADER_LEN: usize = 32;
@@ -57,19 +74,21 @@ pub(crate) fn path(dir: &Path, number: u64) -> PathBuf {
     dir.join(file_name(number))
 }
 
-/// Encodes the header of segment `number`.
-pub(crate) fn encode_header(number: u64) -> [u8; SEGMENT_HEADER_LEN] {
+/// Encodes the header of segment `number`, whose first record will carry `first_seq`.
+pub(crate) fn encode_header(number: u64, first_seq: u64) -> [u8; SEGMENT_HEADER_LEN] {
     let mut header = [0; SEGMENT_HEADER_LEN];
     header[MAGIC_OFFSET..MAGIC_OFFSET + 8].copy_from_slice(&SEGMENT_MAGIC);
     header[VERSION_OFFSET..VERSION_OFFSET + 2].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
     header[NUMBER_OFFSET..NUMBER_OFFSET + 8].copy_from_slice(&number.to_le_bytes());
+    header[FIRST_SEQ_OFFSET..FIRST_SEQ_OFFSET + 8].copy_from_slice(&first_seq.to_le_bytes());
     let crc = crc32c::crc32c(&header[..HEADER_CRC_OFFSET]);
     header[HEADER_CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
     header
 }
 
-/// Checks that `bytes` start with a valid header for segment `number`; `Err` says why not.
-pub(crate) fn check_header(bytes: &[u8], number: u64) -> Result<(), String> {
+/// Checks that `bytes` start with a valid header for segment `number` and returns what
+/// it says; `Err` says why not.
+pub(crate) fn check_header(bytes: &[u8], number: u64) -> Result<SegmentHeader, String> {
     if bytes.len() < SEGMENT_HEADER_LEN {
         return Err(format!("segment header truncated to {} bytes", bytes.len()));
     }
@@ -82,29 +101,39 @@ pub(crate) fn check_header(bytes: &[u8], number: u64) -> Result<(), String> {
         return Err("segment header checksum mismatch".into());
     }
     let version = u16::from_le_bytes([bytes[VERSION_OFFSET], bytes[VERSION_OFFSET + 1]]);
-    if version != FORMAT_VERSION {
+    if !(OLDEST_READ_VERSION..=FORMAT_VERSION).contains(&version) {
         return Err(format!(
-            "unsupported format version {version} (this build reads {FORMAT_VERSION})"
+            "unsupported format version {version} (this build reads \
+             {OLDEST_READ_VERSION} to {FORMAT_VERSION})"
         ));
     }
-    let mut found = [0; 8];
-    found.copy_from_slice(&bytes[NUMBER_OFFSET..NUMBER_OFFSET + 8]);
-    let found = u64::from_le_bytes(found);
+    let found = read_u64(bytes, NUMBER_OFFSET);
     if found != number {
         return Err(format!(
             "header names segment {found} but the file name says {number}"
         ));
     }
-    Ok(())
+    Ok(SegmentHeader {
+        version,
+        first_seq: read_u64(bytes, FIRST_SEQ_OFFSET),
+    })
 }
 
-/// Creates segment `number` in `dir` atomically: the header is written to a temporary
+fn read_u64(bytes: &[u8], offset: usize) -> u64 {
+    let mut field = [0; 8];
+    field.copy_from_slice(&bytes[offset..offset + 8]);
+    u64::from_le_bytes(field)
+}
+
+/// Creates segment `number`, whose first record will carry `first_seq`, in `dir`
+/// atomically: the header is written to a temporary
 /// file, made durable, renamed into place, and the rename made durable (unless `sync` is
 /// false). Returns the file opened for appending.
 pub(crate) fn create(
     backend: &dyn IoBackend,
     dir: &Path,
     number: u64,
+    first_seq: u64,
     sync: bool,
 ) -> Result<Arc<dyn LogFile>, StoreError> {
     let final_path = path(dir, number);
@@ -112,7 +141,7 @@ pub(crate) fn create(
     let file = backend
         .create_file(&tmp_path)
         .map_err(|e| StoreError::io("creating a segment", &tmp_path, e))?;
-    file.append(&encode_header(number))
+    file.append(&encode_header(number, first_seq))
         .map_err(|e| StoreError::io("writing a segment header", &tmp_path, e))?;
     if sync {
         file.sync_data()
@@ -154,6 +183,7 @@ mod tests {
                 "| {VERSION_OFFSET} | 2 | format version, u16, `FORMAT_VERSION` = {FORMAT_VERSION}"
             ),
             format!("| {NUMBER_OFFSET} | 8 | segment number"),
+            format!("| {FIRST_SEQ_OFFSET} | 8 | first sequence number"),
             format!("| {HEADER_CRC_OFFSET} | 4 | CRC32C of bytes 0..{HEADER_CRC_OFFSET}"),
             format!("from offset {SEGMENT_HEADER_LEN} (`SEGMENT_HEADER_LEN`)"),
             format!("`{SEGMENT_PREFIX}<n>{SEGMENT_SUFFIX}`"),
@@ -166,8 +196,12 @@ mod tests {
 
     #[test]
     fn header_round_trip_and_checks() {
-        let header = encode_header(5);
-        assert_eq!(check_header(&header, 5), Ok(()));
+        let header = encode_header(5, 42);
+        let expected = SegmentHeader {
+            version: FORMAT_VERSION,
+            first_seq: 42,
+        };
+        assert_eq!(check_header(&header, 5), Ok(expected));
         assert!(check_header(&header, 6).unwrap_err().contains("file name"));
         assert!(check_header(&header[..31], 5).is_err());
         for bit in 0..SEGMENT_HEADER_LEN * 8 {

@@ -6,10 +6,16 @@
 //! ([`Writer::flush`], which every sync and roll runs first): a group of 200 records is
 //! one system call, not 200. Nothing is acknowledged before its flush and sync, so a
 //! crash loses only records no commit was answered for.
+//!
+//! The disk may persist the pages of one `write` in any order, so after a power loss a
+//! group can come back with holes. The first record appended after a completed sync is
+//! marked as a group start ([`FLAG_GROUP_START`](super::record::FLAG_GROUP_START)):
+//! recovery treats damage as a torn tail only if no group start follows it.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::record;
 use super::segment::{self, SEGMENT_HEADER_LEN};
 use crate::error::StoreError;
 use crate::io::{IoBackend, LogFile};
@@ -35,6 +41,8 @@ pub(crate) struct Writer {
     active: Arc<dyn LogFile>,
     /// Records written to the active segment but not yet appended to its file.
     buffer: Vec<u8>,
+    /// Bytes were appended to the active segment's file since its last sync.
+    unsynced: bool,
     next_seq: u64,
 }
 
@@ -57,6 +65,8 @@ impl Writer {
             segments,
             active,
             buffer: Vec::new(),
+            // Recovery synced the active segment.
+            unsynced: false,
             next_seq,
         }
     }
@@ -97,7 +107,11 @@ impl Writer {
         if active.len > SEGMENT_HEADER_LEN as u64 && active.len + len > self.segment_size {
             self.roll()?;
         }
+        let starts_group = self.sync && self.buffer.is_empty() && !self.unsynced;
         self.buffer.extend_from_slice(record);
+        if starts_group {
+            record::mark_group_start(&mut self.buffer);
+        }
         let last = self.segments.len() - 1;
         self.segments[last].len += len;
         self.next_seq += 1;
@@ -113,14 +127,30 @@ impl Writer {
             .append(&self.buffer)
             .map_err(|e| StoreError::io("appending a record", self.active_path(), e))?;
         self.buffer.clear();
+        self.unsynced = true;
         Ok(())
+    }
+
+    /// The active segment's file was synced after the last [`Writer::flush`] (by the
+    /// committer, which syncs without holding the log).
+    pub(crate) fn note_synced(&mut self) {
+        self.unsynced = false;
     }
 
     /// Syncs the active segment, then starts the next one.
     fn roll(&mut self) -> Result<(), StoreError> {
         self.sync_active()?;
         let number = self.active_info().number + 1;
-        self.active = segment::create(self.backend.as_ref(), &self.dir, number, self.sync)?;
+        // `next_seq` is still the sequence number of the record that caused the roll.
+        self.active = segment::create(
+            self.backend.as_ref(),
+            &self.dir,
+            number,
+            self.next_seq,
+            self.sync,
+        )?;
+        // `create` synced the header (or, without sync, nothing is ever a group start).
+        self.unsynced = false;
         self.segments.push(SegmentInfo {
             number,
             len: SEGMENT_HEADER_LEN as u64,
@@ -136,6 +166,7 @@ impl Writer {
             self.active
                 .sync_data()
                 .map_err(|e| StoreError::io("syncing a segment", self.active_path(), e))?;
+            self.unsynced = false;
         }
         Ok(())
     }
