@@ -93,6 +93,7 @@ fn known_targets<'m>(
 
 /// `trait CreateTableStateHandlers { fn prepare(..) -> impl Future<..>; .. }`
 pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
+    let private = &machine.private;
     let vis = machine.vis;
     let machine_ident = machine.ident;
     let trait_ident = names::handlers_trait(machine_ident);
@@ -111,7 +112,7 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
             #[doc = #doc]
             fn #name(
                 &mut self,
-                ctx: &::procflow::__private::Context<#env>,
+                ctx: &#private::Context<#env>,
             ) -> impl ::core::future::Future<Output = #output> + ::core::marker::Send #stub_or_semi
         };
         (name.to_string(), tokens)
@@ -122,7 +123,7 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
             "Executes state `{ident}`; moves to {}.",
             list(state.targets().iter())
         );
-        let output = quote!(::procflow::__private::Step<#module::#ident>);
+        let output = quote!(#private::Step<#module::#ident>);
         method(names::execute_method(ident), doc, output)
     });
     let rollback = machine
@@ -131,7 +132,7 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
         .map(|state| {
             let ident = state.ident;
             let doc = format!("Undoes what state `{ident}` did, during a rollback.");
-            let output = quote!(::core::result::Result<(), ::procflow::__private::Error>);
+            let output = quote!(::core::result::Result<(), #private::Error>);
             method(names::rollback_method(ident), doc, output)
         });
     // In a sound machine the names are unique; after a collision the fallback keeps one
@@ -157,16 +158,17 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
             fn locks(
                 &self,
             ) -> ::core::result::Result<
-                ::procflow::__private::Locks,
-                ::procflow::__private::LockKeyError,
+                #private::Locks,
+                #private::LockKeyError,
             > {
-                ::core::result::Result::Ok(::procflow::__private::Locks::none())
+                ::core::result::Result::Ok(#private::Locks::none())
             }
         }
     }
 }
 
 fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
+    let private = &machine.private;
     let ident = machine.ident;
     let procedure = machine.attrs.procedure.as_ref().expect("checked");
     let env = env_type(machine);
@@ -195,7 +197,7 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
     let execute_arms = machine
         .states
         .iter()
-        .map(|s| execute_arm(procedure, &trait_ident, s));
+        .map(|s| execute_arm(machine, procedure, &trait_ident, s));
     let rollback_arms = machine
         .states
         .iter()
@@ -207,13 +209,13 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
     let procedure_assoc = quote_spanned!(procedure.span()=> type Procedure = #procedure;);
     quote! {
         #[automatically_derived]
-        impl ::procflow::__private::StateMachine for #ident where #bound {
+        impl #private::StateMachine for #ident where #bound {
             #procedure_assoc
             type Env = #env;
             const NAME: &'static str = #name;
             const INITIAL: Self = Self::#initial;
             const STATES: &'static [Self] = &[#(Self::#states),*];
-            const INFO: &'static [::procflow::__private::StateInfo] = &[#(#infos),*];
+            const INFO: &'static [#private::StateInfo] = &[#(#infos),*];
             const TERMINALS: &'static [Self] = &[#(Self::#terminals),*];
             const EDGES: &'static [(Self, Self)] = &[#(#edges),*];
 
@@ -224,8 +226,8 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
             fn locks(
                 procedure: &#procedure,
             ) -> ::core::result::Result<
-                ::procflow::__private::Locks,
-                ::procflow::__private::LockKeyError,
+                #private::Locks,
+                #private::LockKeyError,
             > {
                 <#procedure as #trait_ident>::locks(procedure)
             }
@@ -233,11 +235,11 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
             fn execute_from_state<'a>(
                 self,
                 procedure: &'a mut #procedure,
-                ctx: &'a ::procflow::__private::Context<#env>,
+                ctx: &'a #private::Context<#env>,
             ) -> impl ::core::future::Future<
                 Output = ::core::result::Result<
-                    ::procflow::__private::Flow<Self>,
-                    ::procflow::__private::Error,
+                    #private::Flow<Self>,
+                    #private::Error,
                 >,
             > + ::core::marker::Send + 'a {
                 async move {
@@ -248,9 +250,9 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
             fn rollback_state<'a>(
                 self,
                 procedure: &'a mut #procedure,
-                ctx: &'a ::procflow::__private::Context<#env>,
+                ctx: &'a #private::Context<#env>,
             ) -> impl ::core::future::Future<
-                Output = ::core::result::Result<(), ::procflow::__private::Error>,
+                Output = ::core::result::Result<(), #private::Error>,
             > + ::core::marker::Send + 'a {
                 async move {
                     match self { #(#rollback_arms)* }
@@ -261,7 +263,8 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
 }
 
 fn state_info(machine: &Machine<'_>, state: &State<'_>) -> TokenStream {
-    let name = state.ident.to_string();
+    let private = &machine.private;
+    let name = names::state_name(state.ident);
     let attrs = &state.attrs;
     let initial = attrs.initial.is_some();
     let terminal = attrs.terminal.is_some();
@@ -270,11 +273,11 @@ fn state_info(machine: &Machine<'_>, state: &State<'_>) -> TokenStream {
     let bound = attrs.max_repeats.as_ref().map(|(_, n)| *n);
     let max_repeats = match bound.or(machine.attrs.max_repeats) {
         Some(n) => quote!(#n),
-        None => quote!(::procflow::__private::DEFAULT_MAX_REPEATS),
+        None => quote!(#private::DEFAULT_MAX_REPEATS),
     };
-    let targets = state.targets().iter().map(ToString::to_string);
+    let targets = state.targets().iter().map(names::state_name);
     quote! {
-        ::procflow::__private::StateInfo {
+        #private::StateInfo {
             name: #name,
             initial: #initial,
             terminal: #terminal,
@@ -286,13 +289,19 @@ fn state_info(machine: &Machine<'_>, state: &State<'_>) -> TokenStream {
     }
 }
 
-fn execute_arm(procedure: &syn::Type, handlers: &syn::Ident, state: &State<'_>) -> TokenStream {
+fn execute_arm(
+    machine: &Machine<'_>,
+    procedure: &syn::Type,
+    handlers: &syn::Ident,
+    state: &State<'_>,
+) -> TokenStream {
+    let private = &machine.private;
     let ident = state.ident;
     if state.is_terminal() {
         let message = format!("state `{ident}` is terminal: it has no step to execute");
         return quote! {
             Self::#ident => ::core::result::Result::Err(
-                ::procflow::__private::Error::fatal(#message),
+                #private::Error::fatal(#message),
             ),
         };
     }
@@ -304,7 +313,11 @@ fn execute_arm(procedure: &syn::Type, handlers: &syn::Ident, state: &State<'_>) 
     }
 }
 
-fn rollback_arm(procedure: &syn::Type, handlers: &syn::Ident, state: &State<'_>) -> TokenStream {
+fn rollback_arm(
+    procedure: &syn::Type,
+    handlers: &syn::Ident,
+    state: &State<'_>,
+) -> TokenStream {
     let ident = state.ident;
     if state.attrs.rollback.is_none() {
         return quote!(Self::#ident => ::core::result::Result::Ok(()),);
@@ -331,7 +344,7 @@ fn stable_name(machine: &Machine<'_>) -> String {
             .path
             .segments
             .last()
-            .map(|segment| segment.ident.to_string())
+            .map(|segment| names::state_name(&segment.ident))
             .unwrap_or_default(),
         Some(other) => quote!(#other).to_string(),
         None => machine.ident.to_string(),
