@@ -257,7 +257,7 @@ fn record_size(runtime: &Runtime, base: &Path) -> usize {
             .await
             .expect("start the executor");
         let id = executor
-            .submit::<TenSteps>(Payload::new(0))
+            .submit(Payload::new(0))
             .await
             .expect("submit");
         assert_eq!(executor.wait(id).await.expect("wait"), Outcome::Succeeded);

@@ -207,7 +207,17 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
     let bound_trait = syn::Ident::new(&trait_ident.to_string(), procedure.span());
     let bound = quote_spanned!(procedure.span()=> #procedure: #bound_trait);
     let procedure_assoc = quote_spanned!(procedure.span()=> type Procedure = #procedure;);
+    // Spanned on the user's `procedure = X`, so a second machine naming X gets its
+    // "conflicting implementations" error there.
+    let procedure_impl = quote_spanned! {procedure.span()=>
+        #[automatically_derived]
+        impl #private::Procedure for #procedure {
+            type Machine = #ident;
+        }
+    };
     quote! {
+        #procedure_impl
+
         #[automatically_derived]
         impl #private::StateMachine for #ident where #bound {
             #procedure_assoc

@@ -32,6 +32,24 @@ pub struct StateInfo {
     pub targets: &'static [&'static str],
 }
 
+/// The link from a procedure type to its state machine, so
+/// `executor.submit(CreateTable { .. })` needs no turbofish.
+///
+/// Do not implement it by hand: `#[derive(StateMachine)]` implements it on the type named
+/// by `#[state_machine(procedure = ..)]`. A type is the procedure of one machine only: a
+/// second machine naming the same type fails to compile (conflicting implementations of
+/// `Procedure`), where it used to fail at [`start`](crate::executor::ExecutorBuilder::start)
+/// with a duplicate name.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not the procedure type of any state machine",
+    label = "not named by `#[state_machine(procedure = ..)]`",
+    note = "name it on the machine's enum: `#[state_machine(procedure = {Self})]`"
+)]
+pub trait Procedure: Serialize + DeserializeOwned + Send + 'static {
+    /// The machine whose procedures hold this data.
+    type Machine: StateMachine<Procedure = Self>;
+}
+
 /// A state machine whose procedures procflow can run, persist and roll back.
 ///
 /// Do not implement it by hand: `#[derive(StateMachine)]` generates the implementation
@@ -62,8 +80,9 @@ pub struct StateInfo {
 /// assert!(JobState::Done.is_terminal());
 /// ```
 pub trait StateMachine: Copy + Eq + Debug + Send + Sync + 'static {
-    /// The procedure's data: persisted after every step, handed to every handler.
-    type Procedure: Serialize + DeserializeOwned + Send + 'static;
+    /// The procedure's data: persisted after every step, handed to every handler. Linked
+    /// back to this machine, so generic code over `M` can submit `M::Procedure`.
+    type Procedure: Procedure<Machine = Self>;
     /// The environment shared by all procedures of an executor (`()` by default).
     type Env: Send + Sync + 'static;
 

@@ -126,7 +126,7 @@ async fn parent_resumes_after_all_children_succeed(store: TestStore) {
         Kid::named("b"),
     ];
     let id = executor
-        .submit::<ParentState>(Parent { children: kids })
+        .submit(Parent { children: kids })
         .await
         .unwrap();
     let mut parent = executor.subscribe(id).unwrap();
@@ -167,7 +167,7 @@ async fn failed_child_rolls_back_the_parent_keeping_its_error(store: TestStore) 
         ..Kid::named("k")
     };
     let id = executor
-        .submit::<ParentState>(Parent {
+        .submit(Parent {
             children: vec![kid],
         })
         .await
@@ -190,7 +190,7 @@ async fn double_execution_with_a_child_runs_each_step_twice(store: TestStore) {
     let parent = || Parent {
         children: vec![Kid::named("k")],
     };
-    let id = executor.submit::<ParentState>(parent()).await.unwrap();
+    let id = executor.submit(parent()).await.unwrap();
     assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
     assert_eq!(plain.events().len(), 3, "{:?}", plain.events());
 
@@ -216,7 +216,7 @@ async fn double_execution_with_a_child_runs_each_step_twice(store: TestStore) {
             .unwrap();
         let pid = match id {
             Some(pid) => pid,
-            None => match executor.submit::<ParentState>(parent()).await {
+            None => match executor.submit(parent()).await {
                 Ok(pid) => pid,
                 Err(_) => continue,
             },
@@ -259,7 +259,7 @@ async fn children_are_written_with_the_parent_step(store: TestStore) {
             .unwrap();
         let kids = vec![Kid::named("a"), Kid::named("b")];
         let id = executor
-            .submit::<ParentState>(Parent { children: kids })
+            .submit(Parent { children: kids })
             .await
             .unwrap();
         assert!(executor.wait(id).await.is_err(), "killed at the spawn");
@@ -390,7 +390,7 @@ async fn succeeded_children_are_rolled_back_newest_first(store: TestStore) {
     let tree = Tree {
         leaves: vec!["a".into(), "b".into()],
     };
-    let id = executor.submit::<TreeState>(tree).await.unwrap();
+    let id = executor.submit(tree).await.unwrap();
     assert_eq!(
         executor.wait(id).await.unwrap(),
         Outcome::RolledBack(Error::fatal("step 4 failed"))
@@ -425,7 +425,7 @@ async fn tree_rollback_survives_a_kill_before_every_write(store: TestStore) {
         };
         let pid = match id {
             Some(pid) => pid,
-            None => match executor.submit::<TreeState>(tree).await {
+            None => match executor.submit(tree).await {
                 Ok(pid) => pid,
                 Err(_) => continue,
             },
@@ -484,7 +484,7 @@ async fn too_many_children_for_one_batch_fail_the_procedure_only() {
         .unwrap();
     let kids = (0..3).map(|i| Kid::named(&format!("k{i}"))).collect();
     let id = executor
-        .submit::<ParentState>(Parent { children: kids })
+        .submit(Parent { children: kids })
         .await
         .unwrap();
     let Outcome::RolledBack(error) = executor.wait(id).await.unwrap() else {
@@ -494,7 +494,7 @@ async fn too_many_children_for_one_batch_fail_the_procedure_only() {
     // The executor still runs: two children fit.
     let kids = (0..2).map(|i| Kid::named(&format!("j{i}"))).collect();
     let id = executor
-        .submit::<ParentState>(Parent { children: kids })
+        .submit(Parent { children: kids })
         .await
         .unwrap();
     assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);

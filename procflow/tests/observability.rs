@@ -42,7 +42,7 @@ async fn spans_counters_and_step_latency() {
         .await
         .unwrap();
     let ok = executor
-        .submit::<CounterState>(Counter::named("ok"))
+        .submit(Counter::named("ok"))
         .await
         .unwrap();
     let failing = Counter {
@@ -50,7 +50,7 @@ async fn spans_counters_and_step_latency() {
         fatal: true,
         ..Counter::named("bad")
     };
-    let bad = executor.submit::<CounterState>(failing).await.unwrap();
+    let bad = executor.submit(failing).await.unwrap();
     assert_eq!(executor.wait(ok).await.unwrap(), Outcome::Succeeded);
     assert!(matches!(
         executor.wait(bad).await.unwrap(),
