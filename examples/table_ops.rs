@@ -542,9 +542,7 @@ async fn contend(executor: &Executor<Cluster>, cluster: &Cluster) -> Result<Ids,
         "is WaitingChildren: it runs next to create_table ns/users (both share ns)",
     );
 
-    let drop_ns = executor
-        .submit(DropNamespace { ns: "ns".into() })
-        .await?;
+    let drop_ns = executor.submit(DropNamespace { ns: "ns".into() }).await?;
     queued(executor, drop_ns).await?;
     cluster.observe(
         Some(drop_ns),

@@ -478,10 +478,7 @@ async fn timeout_of_2_5_s_fails_a_stuck_procedure() {
     let executor = executor_with(&journal).await;
     let started = Instant::now();
     let options = SubmitOptions::default().timeout(Duration::from_millis(2500));
-    let id = executor
-        .submit_with(Stuck, options)
-        .await
-        .unwrap();
+    let id = executor.submit_with(Stuck, options).await.unwrap();
     let Outcome::RolledBack(error) = executor.wait(id).await.unwrap() else {
         panic!("expected a rollback");
     };
@@ -646,12 +643,7 @@ async fn nonce_returns_the_same_id_running_completed_and_after_restart() {
     let concurrent = (0..8).map(|_| {
         let executor = executor.clone();
         let options = running_nonce.clone();
-        tokio::spawn(async move {
-            executor
-                .submit_with(parked(), options)
-                .await
-                .unwrap()
-        })
+        tokio::spawn(async move { executor.submit_with(parked(), options).await.unwrap() })
     });
     let mut running_ids = Vec::new();
     for handle in concurrent {
@@ -670,10 +662,7 @@ async fn nonce_returns_the_same_id_running_completed_and_after_restart() {
     executor.kill();
 
     let executor = start().await;
-    let again_running = executor
-        .submit_with(parked(), running_nonce)
-        .await
-        .unwrap();
+    let again_running = executor.submit_with(parked(), running_nonce).await.unwrap();
     let again_completed = executor
         .submit_with(Sum { total: 0 }, done_nonce)
         .await

@@ -42,6 +42,9 @@ pub struct StateAttrs {
     pub no_rollback: Option<Path>,
     pub transition: Option<Transition>,
     pub max_repeats: Option<(Path, u32)>,
+    /// An attribute spelt like one of procflow's (`#[transtion(..)]`): rustc reports it
+    /// ("cannot find attribute"), and the rules that depend on it would only add noise.
+    pub misspelt: bool,
 }
 
 /// `#[transition(to = [..])]`.
@@ -77,7 +80,8 @@ pub fn machine_attrs(cx: &Ctxt, attrs: &[Attribute]) -> MachineAttrs {
             let key = &meta.path;
             if key.is_ident("procedure") {
                 out.procedure_key = Some(key.clone());
-                if let Some(ty) = recover(cx, &meta, parse_type(cx, &meta, "procedure"))?.flatten() {
+                if let Some(ty) = recover(cx, &meta, parse_type(cx, &meta, "procedure"))?.flatten()
+                {
                     set_once(cx, key, &mut out.procedure, ty);
                 }
             } else if key.is_ident("env") {
@@ -167,6 +171,24 @@ pub fn state_attrs(cx: &Ctxt, attrs: &[Attribute]) -> StateAttrs {
                     "expected a number of repeats, like `#[max_repeats = 100]`",
                 ),
             }
+        } else if let Some(meant) = path
+            .get_ident()
+            .and_then(|ident| crate::names::did_you_mean(&ident.to_string(), STATE_ATTRS))
+        {
+            out.misspelt = true;
+            // Read it as the attribute it was meant to be, so the fallback's target types
+            // match the user's handlers; any further mistake in it shows once fixed.
+            let scratch = Ctxt::new();
+            match meant {
+                "transition" if out.transition.is_none() => {
+                    out.transition = Some(transition(&scratch, attr));
+                }
+                "initial" => out.initial = Some(path.clone()),
+                "terminal" => out.terminal = Some(path.clone()),
+                "rollback" => out.rollback = Some(path.clone()),
+                _ => {}
+            }
+            let _ = scratch.check();
         }
     }
     out

@@ -9,6 +9,16 @@ use syn::Ident;
 
 pub fn check(cx: &Ctxt, machine: &Machine<'_>) {
     check_procedure_given(cx, machine);
+    // A misspelt `#[intial]` or `#[transtion(..)]` is reported by rustc, with a hint
+    // naming ours; the rules about initial, terminal and transitions would only repeat it
+    // wrongly ("no initial state").
+    if machine.states.iter().any(|s| s.attrs.misspelt) {
+        cx.reported_by_rustc();
+        check_targets_exist(cx, machine);
+        check_targets_unique(cx, machine);
+        check_rollback_flags_agree(cx, machine);
+        return;
+    }
     check_exactly_one_initial(cx, machine);
     check_some_terminal(cx, machine);
     check_initial_is_not_terminal(cx, machine);
@@ -288,8 +298,7 @@ fn check_all_can_terminate(cx: &Ctxt, machine: &Machine<'_>, reachable: &BTreeSe
     let finishing = closure(machine, terminals, |from, to| (to, from));
     let mut reported = BTreeSet::new();
     for start in 0..machine.states.len() {
-        if !reachable.contains(&start) || finishing.contains(&start) || reported.contains(&start)
-        {
+        if !reachable.contains(&start) || finishing.contains(&start) || reported.contains(&start) {
             continue;
         }
         let forward = closure(machine, vec![start], |from, to| (from, to));
@@ -301,7 +310,10 @@ fn check_all_can_terminate(cx: &Ctxt, machine: &Machine<'_>, reachable: &BTreeSe
         }
         reported.extend(component.iter().copied());
         let cycle = cycle_through(machine, start, &component);
-        let path: Vec<String> = cycle.iter().map(|&i| names::state_name(machine.states[i].ident)).collect();
+        let path: Vec<String> = cycle
+            .iter()
+            .map(|&i| names::state_name(machine.states[i].ident))
+            .collect();
         let first = &machine.states[start];
         let mut exit: Vec<Ident> = first.targets().to_vec();
         let terminal = machine.states.iter().find(|s| s.is_terminal());

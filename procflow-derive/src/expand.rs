@@ -69,7 +69,8 @@ fn target_enum(machine: &Machine<'_>, state: &State<'_>) -> TokenStream {
     quote! {
         #[doc = #doc]
         // A declared transition that no handler takes yet is not dead code the user wrote.
-        #[allow(dead_code)]
+        // Named after the user's state, whose spelling (`r#type`) is the user's choice.
+        #[allow(dead_code, non_camel_case_types)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         pub enum #ident {
             #( #[doc = #variant_docs] #targets, )*
@@ -206,6 +207,16 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
     // implement the handlers; the assoc-type bounds report a missing Serialize there too.
     let bound_trait = syn::Ident::new(&trait_ident.to_string(), procedure.span());
     let bound = quote_spanned!(procedure.span()=> #procedure: #bound_trait);
+    // `for<'__pf>` keeps rustc from checking the derives on the impl itself (one error per
+    // missing trait, with no advice); the check below reports them with the full list.
+    let derives =
+        quote!(for<'__pf> #ident: ::core::marker::Copy + ::core::cmp::Eq + ::core::fmt::Debug);
+    let derives_check = quote_spanned! {ident.span()=>
+        const _: () = {
+            fn needs_derives<T: #private::MachineDerives>() {}
+            let _ = needs_derives::<#ident>;
+        };
+    };
     let procedure_assoc = quote_spanned!(procedure.span()=> type Procedure = #procedure;);
     // Spanned on the user's `procedure = X`, so a second machine naming X gets its
     // "conflicting implementations" error there.
@@ -216,10 +227,11 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
         }
     };
     quote! {
+        #derives_check
         #procedure_impl
 
         #[automatically_derived]
-        impl #private::StateMachine for #ident where #bound {
+        impl #private::StateMachine for #ident where #bound, #derives {
             #procedure_assoc
             type Env = #env;
             const NAME: &'static str = #name;
@@ -323,11 +335,7 @@ fn execute_arm(
     }
 }
 
-fn rollback_arm(
-    procedure: &syn::Type,
-    handlers: &syn::Ident,
-    state: &State<'_>,
-) -> TokenStream {
+fn rollback_arm(procedure: &syn::Type, handlers: &syn::Ident, state: &State<'_>) -> TokenStream {
     let ident = state.ident;
     if state.attrs.rollback.is_none() {
         return quote!(Self::#ident => ::core::result::Result::Ok(()),);

@@ -45,10 +45,24 @@ pub struct StateInfo {
     label = "not named by `#[state_machine(procedure = ..)]`",
     note = "name it on the machine's enum: `#[state_machine(procedure = {Self})]`"
 )]
-pub trait Procedure: Serialize + DeserializeOwned + Send + 'static {
-    /// The machine whose procedures hold this data.
-    type Machine: StateMachine<Procedure = Self>;
+pub trait Procedure: Sized {
+    /// The machine whose procedures hold this data. (Deliberately unbounded: the bound
+    /// lives on [`StateMachine::Procedure`], so a machine whose handlers are missing gets
+    /// one error, not a second one through this impl.)
+    type Machine;
 }
+
+/// The derives a machine's enum needs; a missing one is reported with this message,
+/// naming all of them, instead of rustc's one suggestion per trait.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "a state machine enum needs `#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]`",
+    label = "`{Self}` lacks some of `Clone, Copy, Debug, PartialEq, Eq`",
+    note = "the runtime copies, compares and logs states: derive all five on `{Self}`"
+)]
+pub trait MachineDerives: Copy + Eq + Debug {}
+
+impl<T: Copy + Eq + Debug> MachineDerives for T {}
 
 /// A state machine whose procedures procflow can run, persist and roll back.
 ///
@@ -82,7 +96,7 @@ pub trait Procedure: Serialize + DeserializeOwned + Send + 'static {
 pub trait StateMachine: Copy + Eq + Debug + Send + Sync + 'static {
     /// The procedure's data: persisted after every step, handed to every handler. Linked
     /// back to this machine, so generic code over `M` can submit `M::Procedure`.
-    type Procedure: Procedure<Machine = Self>;
+    type Procedure: Procedure<Machine = Self> + Serialize + DeserializeOwned + Send + 'static;
     /// The environment shared by all procedures of an executor (`()` by default).
     type Env: Send + Sync + 'static;
 

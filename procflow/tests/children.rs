@@ -125,10 +125,7 @@ async fn parent_resumes_after_all_children_succeed(store: TestStore) {
         },
         Kid::named("b"),
     ];
-    let id = executor
-        .submit(Parent { children: kids })
-        .await
-        .unwrap();
+    let id = executor.submit(Parent { children: kids }).await.unwrap();
     let mut parent = executor.subscribe(id).unwrap();
     parent
         .wait_for(|i| i.status == Status::WaitingChildren)
@@ -258,10 +255,7 @@ async fn children_are_written_with_the_parent_step(store: TestStore) {
             .await
             .unwrap();
         let kids = vec![Kid::named("a"), Kid::named("b")];
-        let id = executor
-            .submit(Parent { children: kids })
-            .await
-            .unwrap();
+        let id = executor.submit(Parent { children: kids }).await.unwrap();
         assert!(executor.wait(id).await.is_err(), "killed at the spawn");
         let records = store.store.load().await.unwrap().records;
         let children = records
@@ -483,19 +477,13 @@ async fn too_many_children_for_one_batch_fail_the_procedure_only() {
         .await
         .unwrap();
     let kids = (0..3).map(|i| Kid::named(&format!("k{i}"))).collect();
-    let id = executor
-        .submit(Parent { children: kids })
-        .await
-        .unwrap();
+    let id = executor.submit(Parent { children: kids }).await.unwrap();
     let Outcome::RolledBack(error) = executor.wait(id).await.unwrap() else {
         panic!("expected a rollback");
     };
     assert!(error.to_string().contains("at most 2 children"), "{error}");
     // The executor still runs: two children fit.
     let kids = (0..2).map(|i| Kid::named(&format!("j{i}"))).collect();
-    let id = executor
-        .submit(Parent { children: kids })
-        .await
-        .unwrap();
+    let id = executor.submit(Parent { children: kids }).await.unwrap();
     assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
 }

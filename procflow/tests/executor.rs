@@ -51,10 +51,7 @@ async fn start(store: &TestStore, ledger: &Ledger) -> Executor<Ledger> {
 async fn runs_to_success_reporting_progress(store: TestStore) {
     let ledger = Ledger::default();
     let executor = start(&store, &ledger).await;
-    let id = executor
-        .submit(Counter::named("p"))
-        .await
-        .unwrap();
+    let id = executor.submit(Counter::named("p")).await.unwrap();
     assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
     let info = executor.state(id).unwrap();
     assert_eq!(
@@ -176,10 +173,7 @@ async fn panicking_handler_fails_only_its_procedure(store: TestStore) {
         "{error}"
     );
     assert!(error.is_fatal());
-    let good = executor
-        .submit(Counter::named("good"))
-        .await
-        .unwrap();
+    let good = executor.submit(Counter::named("good")).await.unwrap();
     assert_eq!(executor.wait(good).await.unwrap(), Outcome::Succeeded);
 }
 
@@ -252,12 +246,7 @@ async fn ids_are_monotonic_across_restarts(store: TestStore) {
     let executor = start(&store, &ledger).await;
     let mut ids = Vec::new();
     for _ in 0..3 {
-        ids.push(
-            executor
-                .submit(Counter::named("p"))
-                .await
-                .unwrap(),
-        );
+        ids.push(executor.submit(Counter::named("p")).await.unwrap());
     }
     for id in &ids {
         executor.wait(*id).await.unwrap();
@@ -272,10 +261,7 @@ async fn ids_are_monotonic_across_restarts(store: TestStore) {
     store.store.commit(batch).await.unwrap();
     assert!(store.store.load().await.unwrap().records.is_empty());
     let executor = start(&store, &ledger).await;
-    let next = executor
-        .submit(Counter::named("q"))
-        .await
-        .unwrap();
+    let next = executor.submit(Counter::named("q")).await.unwrap();
     assert!(ids.windows(2).all(|w| w[0] < w[1]));
     assert!(next > *ids.last().unwrap(), "{next} after {ids:?}");
 }
@@ -312,10 +298,7 @@ async fn concurrent_submits_with_one_nonce_make_one_procedure(store: TestStore) 
         let executor = executor.clone();
         tokio::spawn(async move {
             executor
-                .submit_with(
-                    Counter::named("p"),
-                    SubmitOptions::default().nonce("same"),
-                )
+                .submit_with(Counter::named("p"), SubmitOptions::default().nonce("same"))
                 .await
                 .unwrap()
         })
@@ -378,10 +361,7 @@ async fn unregistered_machine_is_unloadable_and_kept(store: TestStore) {
     assert_eq!(unloadable[0].id.get(), before[0].id);
     assert_eq!(unloadable[0].machine, "orphan");
     assert!(unloadable[0].reason.contains("not registered"));
-    let id = executor
-        .submit(Counter::named("p"))
-        .await
-        .unwrap();
+    let id = executor.submit(Counter::named("p")).await.unwrap();
     assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
     let after = store.store.load().await.unwrap().records;
     assert_eq!(
@@ -475,10 +455,7 @@ async fn timeout_fails_a_stuck_procedure(store: TestStore) {
         ..Counter::named("p")
     };
     let options = SubmitOptions::default().timeout(Duration::from_millis(250));
-    let id = executor
-        .submit_with(counter, options)
-        .await
-        .unwrap();
+    let id = executor.submit_with(counter, options).await.unwrap();
     let Outcome::RolledBack(error) = executor.wait(id).await.unwrap() else {
         panic!("expected a rollback");
     };
@@ -586,10 +563,7 @@ async fn shutdown_finishes_the_step_in_flight_and_resumes_later(store: TestStore
 async fn subscription_sees_the_terminal_state(store: TestStore) {
     let ledger = Ledger::default();
     let executor = start(&store, &ledger).await;
-    let id = executor
-        .submit(Counter::named("p"))
-        .await
-        .unwrap();
+    let id = executor.submit(Counter::named("p")).await.unwrap();
     let mut receiver = executor.subscribe(id).unwrap();
     // Read nothing until well after the end: the receiver still holds the final snapshot.
     executor.wait(id).await.unwrap();
@@ -597,10 +571,7 @@ async fn subscription_sees_the_terminal_state(store: TestStore) {
     let last = receiver.borrow_and_update().clone();
     assert_eq!((last.status, last.steps), (Status::Succeeded, 4));
     // And a receiver that follows every change ends on it too.
-    let late = executor
-        .submit(Counter::named("q"))
-        .await
-        .unwrap();
+    let late = executor.submit(Counter::named("q")).await.unwrap();
     let mut follower = executor.subscribe(late).unwrap();
     let mut seen = Vec::new();
     loop {
@@ -693,9 +664,6 @@ async fn a_value_the_store_refuses_fails_only_its_procedure() {
         "it stopped where it could not be stored"
     );
     // The executor goes on.
-    let ok = executor
-        .submit(Counter::named("small"))
-        .await
-        .unwrap();
+    let ok = executor.submit(Counter::named("small")).await.unwrap();
     assert_eq!(executor.wait(ok).await.unwrap(), Outcome::Succeeded);
 }

@@ -150,15 +150,9 @@ async fn lock_held_for_life_excludes_until_the_end(store: TestStore) {
         .await
         .unwrap();
     suspended(&executor, p1).await;
-    let p2 = executor
-        .submit(Holder::new("p2", &["A"]))
-        .await
-        .unwrap();
+    let p2 = executor.submit(Holder::new("p2", &["A"])).await.unwrap();
     status(&executor, p2, Status::WaitingForLock).await;
-    let p3 = executor
-        .submit(Holder::new("p3", &["B"]))
-        .await
-        .unwrap();
+    let p3 = executor.submit(Holder::new("p3", &["B"])).await.unwrap();
     assert_eq!(executor.wait(p3).await.unwrap(), Outcome::Succeeded);
     assert_eq!(executor.lock_waiters(), [p2]);
     assert_eq!(ledger.count("p2 work"), 0);
@@ -209,10 +203,7 @@ async fn per_step_locks_are_free_between_steps(store: TestStore) {
         executor.held_locks().is_empty()
     })
     .await;
-    let p2 = executor
-        .submit(Holder::new("p2", &["A"]))
-        .await
-        .unwrap();
+    let p2 = executor.submit(Holder::new("p2", &["A"])).await.unwrap();
     assert_eq!(executor.wait(p2).await.unwrap(), Outcome::Succeeded);
     ledger.push("p1 go");
     executor.wake("p1");
@@ -252,10 +243,7 @@ async fn locks_are_taken_again_after_a_restart(store: TestStore) {
         executor.state(p1).unwrap().status,
         Status::Suspended { .. }
     ));
-    let p2 = executor
-        .submit(Holder::new("p2", &["A"]))
-        .await
-        .unwrap();
+    let p2 = executor.submit(Holder::new("p2", &["A"])).await.unwrap();
     status(&executor, p2, Status::WaitingForLock).await;
     ledger.push("p1 go");
     executor.wake("p1");

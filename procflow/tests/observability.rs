@@ -41,10 +41,7 @@ async fn spans_counters_and_step_latency() {
         .start()
         .await
         .unwrap();
-    let ok = executor
-        .submit(Counter::named("ok"))
-        .await
-        .unwrap();
+    let ok = executor.submit(Counter::named("ok")).await.unwrap();
     let failing = Counter {
         fail_at: Some(2),
         fatal: true,
