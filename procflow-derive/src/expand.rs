@@ -107,14 +107,15 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
     );
     let stub = (bodies == Bodies::Stubbed).then(|| quote!({ ::core::future::pending() }));
     let stub_or_semi = stub.clone().unwrap_or_else(|| quote!(;));
-    // One method of the trait: `fn name(&mut self, ctx) -> impl Future<Output = ..> + Send`.
+    // One method of the trait: `fn name(&mut self, ctx) -> impl HandlerFuture<..>`, a
+    // `Future + Send` whose own trait tells a handler written without `async` to add it.
     let method = |name: syn::Ident, doc: String, output: TokenStream| {
         let tokens = quote! {
             #[doc = #doc]
             fn #name(
                 &mut self,
                 ctx: &#private::Context<#env>,
-            ) -> impl ::core::future::Future<Output = #output> + ::core::marker::Send #stub_or_semi
+            ) -> impl #private::HandlerFuture<#output> #stub_or_semi
         };
         (name.to_string(), tokens)
     };

@@ -52,6 +52,19 @@ pub trait Procedure: Sized {
     type Machine;
 }
 
+/// What a handler returns: the future of an `async fn`, `Send` so the executor can run it
+/// on any worker. Its own trait only so that a handler written without `async` is told so.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "a handler must be an `async fn` returning `{T}`",
+    label = "this returns `{Self}`, not a `Send` future",
+    note = "write `async fn name(&mut self, ctx: &Context<..>) -> ..`; if it is already `async`, \
+            hold no `Rc` or `RefCell` borrow across an `.await`, so its future is `Send`"
+)]
+pub trait HandlerFuture<T>: Future<Output = T> + Send {}
+
+impl<F: Future<Output = T> + Send, T> HandlerFuture<T> for F {}
+
 /// The derives a machine's enum needs; a missing one is reported with this message,
 /// naming all of them, instead of rustc's one suggestion per trait.
 #[doc(hidden)]
