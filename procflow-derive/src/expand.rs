@@ -148,7 +148,9 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
     let methods = methods.map(|(_, tokens)| tokens);
     quote! {
         #[doc = #doc]
-        #vis trait #trait_ident: ::core::marker::Send {
+        // No `Send` supertrait: `HandlerFuture` already needs it of every handler's future,
+        // and repeating it here would report a non-`Send` procedure type a third time.
+        #vis trait #trait_ident {
             #(#methods)*
 
             /// The locks this procedure takes (none by default). Override it to declare
@@ -218,6 +220,17 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
             let _ = needs_derives::<#ident>;
         };
     };
+    // Likewise the procedure type: one error on `procedure = X` listing what the runtime
+    // needs, and the impl assumes it rather than repeating each missing trait.
+    let data = quote_spanned! {procedure.span()=>
+        for<'__pf> #procedure: #private::ProcedureData
+    };
+    let data_check = quote_spanned! {procedure.span()=>
+        const _: () = {
+            fn needs_data<T: #private::ProcedureData>() {}
+            let _ = needs_data::<#procedure>;
+        };
+    };
     let procedure_assoc = quote_spanned!(procedure.span()=> type Procedure = #procedure;);
     // Spanned on the user's `procedure = X`, so a second machine naming X gets its
     // "conflicting implementations" error there.
@@ -229,10 +242,11 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
     };
     quote! {
         #derives_check
+        #data_check
         #procedure_impl
 
         #[automatically_derived]
-        impl #private::StateMachine for #ident where #bound, #derives {
+        impl #private::StateMachine for #ident where #bound, #derives, #data {
             #procedure_assoc
             type Env = #env;
             const NAME: &'static str = #name;

@@ -125,7 +125,7 @@ pub use error::{Error, ResultExt};
 pub use flow::{Child, Flow, Step};
 pub use id::ProcedureId;
 #[doc(hidden)]
-pub use machine::{HandlerFuture, MachineDerives};
+pub use machine::{HandlerFuture, MachineDerives, ProcedureData};
 pub use machine::{DEFAULT_MAX_REPEATS, Procedure, StateInfo, StateMachine};
 pub use stepper::{StepReport, Stepper};
 
@@ -147,6 +147,6 @@ pub mod __private {
     pub use crate::locks::{LockKeyError, Locks};
     pub use crate::{
         Context, DEFAULT_MAX_REPEATS, Error, Flow, HandlerFuture, MachineDerives, Procedure,
-        StateInfo, StateMachine, Step,
+        ProcedureData, StateInfo, StateMachine, Step,
     };
 }

@@ -65,6 +65,20 @@ pub trait HandlerFuture<T>: Future<Output = T> + Send {}
 
 impl<F: Future<Output = T> + Send, T> HandlerFuture<T> for F {}
 
+/// What the runtime needs of a procedure type, checked once on the user's
+/// `procedure = T` so that a borrowed, non-`Send` or non-serializable type is one error
+/// saying all of it.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "the procedure type `{Self}` must be `'static + Send + Serialize + DeserializeOwned`",
+    label = "persisted after every step and run on any worker thread",
+    note = "derive `serde::Serialize, serde::Deserialize`, own its data (no references) and \
+            hold no `Rc` or `RefCell`"
+)]
+pub trait ProcedureData: Serialize + DeserializeOwned + Send + 'static {}
+
+impl<T: Serialize + DeserializeOwned + Send + 'static> ProcedureData for T {}
+
 /// The derives a machine's enum needs; a missing one is reported with this message,
 /// naming all of them, instead of rustc's one suggestion per trait.
 #[doc(hidden)]
