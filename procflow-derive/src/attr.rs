@@ -225,7 +225,7 @@ fn transition(cx: &Ctxt, attr: &Attribute) -> Transition {
         return out;
     };
     // Mistakes whose message shows the corrected attribute wait until every target is known.
-    let mut fix_later: Vec<(proc_macro2::TokenStream, &str)> = Vec::new();
+    let mut fix_later: Vec<(proc_macro2::TokenStream, &'static str)> = Vec::new();
     let mut seen_to = false;
     let parsed = list.parse_args_with(|input: ParseStream<'_>| {
         let mut clean = true;
@@ -245,7 +245,7 @@ fn transition(cx: &Ctxt, attr: &Attribute) -> Transition {
                 if seen_to {
                     fix_later.push((
                         quote::ToTokens::to_token_stream(&key),
-                        "`to` is given twice: list every target once,",
+                        "`to` is given twice: put every target in one list;",
                     ));
                 }
                 seen_to = true;
@@ -299,10 +299,10 @@ fn transition(cx: &Ctxt, attr: &Attribute) -> Transition {
 
 /// Keeps the targets written as names; a path (`State::A`) is queued for an error showing
 /// its last segment. Returns whether every target was a plain name.
-fn targets_from_paths<'p>(
+fn targets_from_paths(
     paths: &Punctuated<Path, Token![,]>,
     targets: &mut Vec<Ident>,
-    fix_later: &mut Vec<(proc_macro2::TokenStream, &'p str)>,
+    fix_later: &mut Vec<(proc_macro2::TokenStream, &'static str)>,
 ) -> bool {
     let mut plain = true;
     for path in paths {

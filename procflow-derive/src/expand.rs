@@ -137,14 +137,38 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
             let output = quote!(::core::result::Result<(), #private::Error>);
             method(names::rollback_method(ident), doc, output)
         });
+    // A state without `#[rollback]` gets a hidden, defaulted `rollback_*` whose return
+    // type no `async fn` satisfies: writing that handler anyway says "add `#[rollback]`".
+    let undeclared = machine
+        .steps()
+        .filter(|s| s.attrs.rollback.is_none() && bodies == Bodies::Required)
+        .map(|state| {
+            let ident = state.ident;
+            let name = names::rollback_method(ident);
+            let tokens = quote! {
+                #[doc(hidden)]
+                fn #name(
+                    &mut self,
+                    ctx: &#private::Context<#env>,
+                ) -> impl #private::RollbackUndeclared<#module::#ident> {
+                    let _ = ctx;
+                    #private::NoRollback
+                }
+            };
+            (name.to_string(), tokens)
+        });
     // In a sound machine the names are unique; after a collision the fallback keeps one
-    // (and leaves out a handler named like the trait's own `locks`).
+    // (and leaves out a handler named like the trait's own `locks`). A hidden method
+    // yields to a real handler of the same name.
     let mut seen = vec![String::from("locks")];
-    let methods = execute.chain(rollback).filter(|(name, _)| {
-        let fresh = !seen.contains(name);
-        seen.push(name.clone());
-        fresh
-    });
+    let methods = execute
+        .chain(rollback)
+        .chain(undeclared)
+        .filter(|(name, _)| {
+            let fresh = !seen.contains(name);
+            seen.push(name.clone());
+            fresh
+        });
     let methods = methods.map(|(_, tokens)| tokens);
     quote! {
         #[doc = #doc]

@@ -124,9 +124,9 @@ pub use diagram::mermaid;
 pub use error::{Error, ResultExt};
 pub use flow::{Child, Flow, Step};
 pub use id::ProcedureId;
-#[doc(hidden)]
-pub use machine::{HandlerFuture, MachineDerives, ProcedureData};
 pub use machine::{DEFAULT_MAX_REPEATS, Procedure, StateInfo, StateMachine};
+#[doc(hidden)]
+pub use machine::{HandlerFuture, MachineDerives, NoRollback, ProcedureData, RollbackUndeclared};
 pub use stepper::{StepReport, Stepper};
 
 /// Derives [`StateMachine`] for an enum of states; see [`attributes`] for every attribute.
@@ -146,7 +146,7 @@ pub mod prelude {
 pub mod __private {
     pub use crate::locks::{LockKeyError, Locks};
     pub use crate::{
-        Context, DEFAULT_MAX_REPEATS, Error, Flow, HandlerFuture, MachineDerives, Procedure,
-        ProcedureData, StateInfo, StateMachine, Step,
+        Context, DEFAULT_MAX_REPEATS, Error, Flow, HandlerFuture, MachineDerives, NoRollback,
+        Procedure, ProcedureData, RollbackUndeclared, StateInfo, StateMachine, Step,
     };
 }

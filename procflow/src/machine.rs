@@ -65,6 +65,24 @@ pub trait HandlerFuture<T>: Future<Output = T> + Send {}
 
 impl<F: Future<Output = T> + Send, T> HandlerFuture<T> for F {}
 
+/// What the hidden `rollback_*` method of a state without `#[rollback]` returns, so that
+/// a user writing that handler is told to add the attribute (rustc would only say "not a
+/// member of trait"). `S` is the state's targets type, which names the state.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "this rollback handler belongs to a state without `#[rollback]`: add `#[rollback]` to the state of `{S}`",
+    label = "never called: the state has no `#[rollback]`",
+    note = "mark the variant `#[rollback]` on the machine's enum, or remove this handler"
+)]
+pub trait RollbackUndeclared<S> {}
+
+/// The only implementor of [`RollbackUndeclared`].
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct NoRollback;
+
+impl<S> RollbackUndeclared<S> for NoRollback {}
+
 /// What the runtime needs of a procedure type, checked once on the user's
 /// `procedure = T` so that a borrowed, non-`Send` or non-serializable type is one error
 /// saying all of it.
