@@ -149,7 +149,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
     /// durable in the store.
     ///
     /// The machine is inferred from the procedure's type (the derive implements
-    /// [`Procedure`](crate::Procedure) on it): `executor.submit(CreateTable { .. })`. To
+    /// [`Procedure`] on it): `executor.submit(CreateTable { .. })`. To
     /// name the machine at the call site, use [`submit_as`](Self::submit_as).
     ///
     /// # Errors
