@@ -462,3 +462,24 @@ fn path_text(path: &Path) -> String {
         .to_string()
         .replace(' ', "")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::STATE_ATTRS;
+    use crate::names::did_you_mean;
+
+    // Attributes other derives and rustc put on variants must not be taken for a misspelt
+    // one of ours, or a correct machine would fail silently.
+    #[test]
+    fn other_variant_attributes_are_not_misspellings() {
+        for other in [
+            "doc", "default", "allow", "deny", "warn", "expect", "cfg", "cfg_attr", "serde",
+            "deprecated", "must_use", "non_exhaustive", "strum", "error",
+        ] {
+            assert_eq!(did_you_mean(other, STATE_ATTRS), None, "{other}");
+        }
+        assert_eq!(did_you_mean("transtion", STATE_ATTRS), Some("transition"));
+        assert_eq!(did_you_mean("intial", STATE_ATTRS), Some("initial"));
+        assert_eq!(did_you_mean("terminl", STATE_ATTRS), Some("terminal"));
+    }
+}
