@@ -473,8 +473,20 @@ mod tests {
     #[test]
     fn other_variant_attributes_are_not_misspellings() {
         for other in [
-            "doc", "default", "allow", "deny", "warn", "expect", "cfg", "cfg_attr", "serde",
-            "deprecated", "must_use", "non_exhaustive", "strum", "error",
+            "doc",
+            "default",
+            "allow",
+            "deny",
+            "warn",
+            "expect",
+            "cfg",
+            "cfg_attr",
+            "serde",
+            "deprecated",
+            "must_use",
+            "non_exhaustive",
+            "strum",
+            "error",
         ] {
             assert_eq!(did_you_mean(other, STATE_ATTRS), None, "{other}");
         }

@@ -121,6 +121,8 @@ pub mod testing;
 pub use context::Context;
 pub use cursor::{Cursor, Phase};
 pub use diagram::mermaid;
+#[doc(hidden)]
+pub use error::ClassifyWithRetryableOrFatal;
 pub use error::{Error, ResultExt};
 pub use flow::{Child, Flow, Step};
 pub use id::ProcedureId;
