@@ -256,10 +256,7 @@ fn record_size(runtime: &Runtime, base: &Path) -> usize {
             .start()
             .await
             .expect("start the executor");
-        let id = executor
-            .submit::<TenSteps>(Payload::new(0))
-            .await
-            .expect("submit");
+        let id = executor.submit(Payload::new(0)).await.expect("submit");
         assert_eq!(executor.wait(id).await.expect("wait"), Outcome::Succeeded);
         executor.shutdown().await.expect("shutdown");
     });

@@ -258,9 +258,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         regions: 4,
     };
     let options = SubmitOptions::default().nonce("create-table-users");
-    let id = executor
-        .submit_with::<CreateTableState>(table, options)
-        .await?;
+    let id = executor.submit_with(table, options).await?;
     let info = executor.state(id).expect("just submitted");
     if info.status.is_finished() {
         println!(

@@ -501,7 +501,7 @@ struct Ids {
 /// where it should be, and returns with all of them in flight.
 async fn contend(executor: &Executor<Cluster>, cluster: &Cluster) -> Result<Ids, Failure> {
     let create_users = executor
-        .submit::<CreateTableState>(CreateTable {
+        .submit(CreateTable {
             ns: "ns".into(),
             table: "users".into(),
             regions: 3,
@@ -515,7 +515,7 @@ async fn contend(executor: &Executor<Cluster>, cluster: &Cluster) -> Result<Ids,
     );
 
     let alter_users = executor
-        .submit::<AlterTableState>(AlterTable {
+        .submit(AlterTable {
             ns: "ns".into(),
             table: "users".into(),
             schema: "v2".into(),
@@ -529,7 +529,7 @@ async fn contend(executor: &Executor<Cluster>, cluster: &Cluster) -> Result<Ids,
     );
 
     let create_orders = executor
-        .submit::<CreateTableState>(CreateTable {
+        .submit(CreateTable {
             ns: "ns".into(),
             table: "orders".into(),
             regions: 2,
@@ -542,9 +542,7 @@ async fn contend(executor: &Executor<Cluster>, cluster: &Cluster) -> Result<Ids,
         "is WaitingChildren: it runs next to create_table ns/users (both share ns)",
     );
 
-    let drop_ns = executor
-        .submit::<DropNamespaceState>(DropNamespace { ns: "ns".into() })
-        .await?;
+    let drop_ns = executor.submit(DropNamespace { ns: "ns".into() }).await?;
     queued(executor, drop_ns).await?;
     cluster.observe(
         Some(drop_ns),

@@ -337,7 +337,7 @@ async fn run_transfer(
         transfer.from, transfer.to
     );
     println!("  balances before: {}", show(&before));
-    let id = executor.submit::<TransferState>(transfer).await?;
+    let id = executor.submit(transfer).await?;
     let outcome = executor.wait(id).await?;
     let after = balances(&bank.ledger)?;
     println!("  {id} {outcome:?}");

@@ -316,7 +316,7 @@ async fn child_on_last_step_runs_3_times_and_6_with_double_execution() {
         .await
         .unwrap();
     let id = executor
-        .submit::<TwoStepsState>(TwoSteps { child_fails: false })
+        .submit(TwoSteps { child_fails: false })
         .await
         .unwrap();
     assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
@@ -427,7 +427,7 @@ async fn rollback_failing_twice_then_succeeding_keeps_the_original_failure() {
     let journal = Arc::new(Journal::default());
     let executor = executor_with(&journal).await;
     let id = executor
-        .submit::<FlakyState>(Flaky {
+        .submit(Flaky {
             rollback_failures: 2,
         })
         .await
@@ -478,10 +478,7 @@ async fn timeout_of_2_5_s_fails_a_stuck_procedure() {
     let executor = executor_with(&journal).await;
     let started = Instant::now();
     let options = SubmitOptions::default().timeout(Duration::from_millis(2500));
-    let id = executor
-        .submit_with::<StuckState>(Stuck, options)
-        .await
-        .unwrap();
+    let id = executor.submit_with(Stuck, options).await.unwrap();
     let Outcome::RolledBack(error) = executor.wait(id).await.unwrap() else {
         panic!("expected a rollback");
     };
@@ -532,7 +529,7 @@ async fn suspended_procedure_woken_by_its_timeout_6_times_then_aborts() {
     let executor = executor_with(&journal).await;
     let started = Instant::now();
     let id = executor
-        .submit::<TimeoutsState>(Timeouts {
+        .submit(Timeouts {
             woken: 0,
             started: false,
         })
@@ -603,7 +600,7 @@ async fn three_yielding_procedures_each_run_their_steps_in_order() {
             name: name.into(),
             yielded: 0,
         };
-        ids.push(executor.submit::<TurnsState>(turns).await.unwrap());
+        ids.push(executor.submit(turns).await.unwrap());
     }
     for id in ids {
         assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
@@ -646,12 +643,7 @@ async fn nonce_returns_the_same_id_running_completed_and_after_restart() {
     let concurrent = (0..8).map(|_| {
         let executor = executor.clone();
         let options = running_nonce.clone();
-        tokio::spawn(async move {
-            executor
-                .submit_with::<TimeoutsState>(parked(), options)
-                .await
-                .unwrap()
-        })
+        tokio::spawn(async move { executor.submit_with(parked(), options).await.unwrap() })
     });
     let mut running_ids = Vec::new();
     for handle in concurrent {
@@ -663,19 +655,16 @@ async fn nonce_returns_the_same_id_running_completed_and_after_restart() {
     // Completed.
     let done_nonce = SubmitOptions::default().nonce("completed");
     let completed = executor
-        .submit_with::<SumState>(Sum { total: 0 }, done_nonce.clone())
+        .submit_with(Sum { total: 0 }, done_nonce.clone())
         .await
         .unwrap();
     executor.wait(completed).await.unwrap();
     executor.kill();
 
     let executor = start().await;
-    let again_running = executor
-        .submit_with::<TimeoutsState>(parked(), running_nonce)
-        .await
-        .unwrap();
+    let again_running = executor.submit_with(parked(), running_nonce).await.unwrap();
     let again_completed = executor
-        .submit_with::<SumState>(Sum { total: 0 }, done_nonce)
+        .submit_with(Sum { total: 0 }, done_nonce)
         .await
         .unwrap();
     assert_eq!((again_running, again_completed), (running, completed));
@@ -736,7 +725,7 @@ async fn wal_cut_at_every_byte_loads_every_procedure_before_the_cut() {
     // Where each acknowledged submit ends in the log.
     let mut ends = Vec::new();
     for _ in 0..3 {
-        executor.submit::<ParkedState>(Parked).await.unwrap();
+        executor.submit(Parked).await.unwrap();
         ends.push(std::fs::metadata(segment()).unwrap().len());
     }
     executor.kill();

@@ -128,7 +128,7 @@ pub async fn run_procedures(executor: &Executor<()>, clients: u64, duration: Dur
         let executor = handle.clone();
         async move {
             let id = executor
-                .submit::<TenSteps>(Payload::new(client << 32 | n))
+                .submit(Payload::new(client << 32 | n))
                 .await
                 .expect("submit");
             let outcome = executor.wait(id).await.expect("wait");

@@ -134,7 +134,7 @@ pub async fn populate(
                         break;
                     }
                     let id = executor
-                        .submit::<FiveUpdates>(Kilobyte::new(n, park(n)))
+                        .submit(Kilobyte::new(n, park(n)))
                         .await
                         .expect("submit");
                     settle(&executor, id).await;

@@ -3,6 +3,8 @@
 
 use crate::attr::{self, MachineAttrs, StateAttrs};
 use crate::ctxt::Ctxt;
+use crate::krate;
+use proc_macro2::TokenStream;
 use syn::{Data, DeriveInput, Fields, Ident, Variant, Visibility};
 
 pub struct Machine<'a> {
@@ -10,6 +12,8 @@ pub struct Machine<'a> {
     pub vis: &'a Visibility,
     pub attrs: MachineAttrs,
     pub states: Vec<State<'a>>,
+    /// `<procflow>::__private`, the path generated code names the runtime by.
+    pub private: TokenStream,
 }
 
 pub struct State<'a> {
@@ -49,10 +53,12 @@ impl<'a> Machine<'a> {
             );
         }
         let states = variants.iter().map(|v| State::from_ast(cx, v)).collect();
+        let attrs = attr::machine_attrs(cx, &input.attrs);
         Some(Self {
             ident: &input.ident,
             vis: &input.vis,
-            attrs: attr::machine_attrs(cx, &input.attrs),
+            private: krate::private_path(attrs.krate.as_ref()),
+            attrs,
             states,
         })
     }

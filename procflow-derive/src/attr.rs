@@ -5,7 +5,7 @@ use syn::parse::ParseStream;
 use syn::{Attribute, Ident, LitInt, LitStr, Path, Token, Type, bracketed, punctuated::Punctuated};
 
 /// The keys `#[state_machine(..)]` accepts, for the "unknown key" message.
-const MACHINE_KEYS: &str = "`procedure`, `name`, `env`, `max_repeats`";
+const MACHINE_KEYS: &str = "`procedure`, `name`, `env`, `max_repeats`, `crate`";
 /// The attributes procflow reads on a variant.
 const STATE_ATTRS: [&str; 6] = [
     "initial",
@@ -28,6 +28,8 @@ pub struct MachineAttrs {
     pub env: Option<Type>,
     pub name: Option<LitStr>,
     pub max_repeats: Option<u32>,
+    /// `crate = "path"`: where generated code finds procflow.
+    pub krate: Option<Path>,
 }
 
 /// procflow's attributes on one variant. Flags keep the attribute path they came from, so
@@ -40,6 +42,9 @@ pub struct StateAttrs {
     pub no_rollback: Option<Path>,
     pub transition: Option<Transition>,
     pub max_repeats: Option<(Path, u32)>,
+    /// An attribute spelt like one of procflow's (`#[transtion(..)]`): rustc reports it
+    /// ("cannot find attribute"), and the rules that depend on it would only add noise.
+    pub misspelt: bool,
 }
 
 /// `#[transition(to = [..])]`.
@@ -75,20 +80,28 @@ pub fn machine_attrs(cx: &Ctxt, attrs: &[Attribute]) -> MachineAttrs {
             let key = &meta.path;
             if key.is_ident("procedure") {
                 out.procedure_key = Some(key.clone());
-                if let Some(ty) = parse_type(cx, &meta, "procedure")? {
+                if let Some(ty) = recover(cx, &meta, parse_type(cx, &meta, "procedure"))?.flatten()
+                {
                     set_once(cx, key, &mut out.procedure, ty);
                 }
             } else if key.is_ident("env") {
-                if let Some(ty) = parse_type(cx, &meta, "env")? {
+                if let Some(ty) = recover(cx, &meta, parse_type(cx, &meta, "env"))?.flatten() {
                     set_once(cx, key, &mut out.env, ty);
                 }
             } else if key.is_ident("name") {
-                let name = parse_name(cx, &meta)?;
-                set_once(cx, key, &mut out.name, name);
+                if let Some(name) = recover(cx, &meta, parse_name(cx, &meta))? {
+                    set_once(cx, key, &mut out.name, name);
+                }
             } else if key.is_ident("max_repeats") {
-                match parse_u32(meta.value()?, "max_repeats = 100")? {
-                    Ok(value) => set_once(cx, key, &mut out.max_repeats, value),
-                    Err(error) => cx.push(error),
+                let value = meta.value()?;
+                match recover(cx, &meta, parse_u32(value, "max_repeats = 100"))? {
+                    Some(Ok(value)) => set_once(cx, key, &mut out.max_repeats, value),
+                    Some(Err(error)) => cx.push(error),
+                    None => {}
+                }
+            } else if key.is_ident("crate") {
+                if let Some(path) = recover(cx, &meta, parse_crate(&meta))? {
+                    set_once(cx, key, &mut out.krate, path);
                 }
             } else {
                 cx.error_at(
@@ -128,7 +141,21 @@ pub fn state_attrs(cx: &Ctxt, attrs: &[Attribute]) -> StateAttrs {
             flag(cx, attr, &mut out.no_rollback);
         } else if path.is_ident("transition") {
             let transition = transition(cx, attr);
-            set_once(cx, path, &mut out.transition, transition);
+            match &mut out.transition {
+                // Merge, so the message shows the one attribute to write instead.
+                Some(first) => {
+                    first.targets.extend(transition.targets);
+                    first.complete &= transition.complete;
+                    cx.error_at(
+                        path,
+                        format_args!(
+                            "a state has one `#[transition(..)]`: merge them into `{}`",
+                            corrected(&first.targets)
+                        ),
+                    );
+                }
+                None => out.transition = Some(transition),
+            }
         } else if path.is_ident("max_repeats") {
             match attr
                 .meta
@@ -144,6 +171,24 @@ pub fn state_attrs(cx: &Ctxt, attrs: &[Attribute]) -> StateAttrs {
                     "expected a number of repeats, like `#[max_repeats = 100]`",
                 ),
             }
+        } else if let Some(meant) = path
+            .get_ident()
+            .and_then(|ident| crate::names::did_you_mean(&ident.to_string(), STATE_ATTRS))
+        {
+            out.misspelt = true;
+            // Read it as the attribute it was meant to be, so the fallback's target types
+            // match the user's handlers; any further mistake in it shows once fixed.
+            let scratch = Ctxt::new();
+            match meant {
+                "transition" if out.transition.is_none() => {
+                    out.transition = Some(transition(&scratch, attr));
+                }
+                "initial" => out.initial = Some(path.clone()),
+                "terminal" => out.terminal = Some(path.clone()),
+                "rollback" => out.rollback = Some(path.clone()),
+                _ => {}
+            }
+            let _ = scratch.check();
         }
     }
     out
@@ -170,47 +215,165 @@ fn transition(cx: &Ctxt, attr: &Attribute) -> Transition {
         targets: Vec::new(),
         complete: false,
     };
+    let syn::Meta::List(list) = &attr.meta else {
+        // `#[transition]` or `#[transition = ..]`: nothing to recover.
+        cx.error_at(
+            &attr.meta,
+            "`#[transition]` needs the states this one may move to: write \
+             `#[transition(to = [Next])]`",
+        );
+        return out;
+    };
+    // Mistakes whose message shows the corrected attribute wait until every target is known.
+    let mut fix_later: Vec<(proc_macro2::TokenStream, &'static str)> = Vec::new();
     let mut seen_to = false;
-    let mut seen_unknown = false;
-    let parsed = attr.parse_nested_meta(|meta| {
-        if !meta.path.is_ident("to") {
-            seen_unknown = true;
+    let parsed = list.parse_args_with(|input: ParseStream<'_>| {
+        let mut clean = true;
+        while !input.is_empty() {
+            let key: Path = input.parse()?;
+            if !key.is_ident("to") {
+                clean = false;
+                cx.error_at(
+                    &key,
+                    format_args!(
+                        "unknown key `{}` in `#[transition(..)]`; write `#[transition(to = [A, B])]`",
+                        path_text(&key)
+                    ),
+                );
+                skip_to_comma(input)?;
+            } else {
+                if seen_to {
+                    fix_later.push((
+                        quote::ToTokens::to_token_stream(&key),
+                        "`to` is given twice: put every target in one list;",
+                    ));
+                }
+                seen_to = true;
+                input.parse::<Token![=]>()?;
+                if input.peek(syn::token::Bracket) {
+                    let content;
+                    let brackets = bracketed!(content in input);
+                    let paths = Punctuated::<Path, Token![,]>::parse_terminated(&content)?;
+                    if paths.is_empty() {
+                        clean = false;
+                        cx.push(syn::Error::new(
+                            brackets.span.join(),
+                            "a step must move somewhere: list its targets, like \
+                             `#[transition(to = [Next])]`, or mark the state `#[terminal]`",
+                        ));
+                    }
+                    clean &= targets_from_paths(&paths, &mut out.targets, &mut fix_later);
+                } else {
+                    // `to = A, B`: read the names anyway, so only this mistake is reported.
+                    let paths = Punctuated::<Path, Token![,]>::parse_terminated(input)?;
+                    targets_from_paths(&paths, &mut out.targets, &mut fix_later);
+                    fix_later.push((
+                        quote::ToTokens::to_token_stream(&paths),
+                        "the targets go in brackets:",
+                    ));
+                }
+            }
+            if !input.is_empty() {
+                input.parse::<Token![,]>()?;
+            }
+        }
+        if !seen_to && clean {
             cx.error_at(
-                &meta.path,
-                format_args!(
-                    "unknown key `{}` in `#[transition(..)]`; write `#[transition(to = [A, B])]`",
-                    path_text(&meta.path)
-                ),
+                &attr.meta,
+                "expected the target states: `#[transition(to = [A, B])]`",
             );
-            return skip_value(&meta);
+            clean = false;
         }
-        seen_to = true;
-        let value = meta.value()?;
-        if !value.peek(syn::token::Bracket) {
-            return Err(
-                value.error("expected a list of states in brackets, like `to = [WriteLayout]`")
-            );
-        }
-        let content;
-        bracketed!(content in value);
-        let targets = Punctuated::<Ident, Token![,]>::parse_terminated(&content)?;
-        out.targets.extend(targets);
-        Ok(())
+        Ok(clean)
     });
     match parsed {
-        Ok(()) if seen_to => out.complete = !seen_unknown,
-        Ok(()) if seen_unknown => {}
-        Ok(()) => cx.error_at(
-            &attr.meta,
-            "expected the target states: `#[transition(to = [A, B])]`",
-        ),
+        Ok(clean) => out.complete = clean,
         Err(error) => cx.push(error),
+    }
+    let fixed = corrected(&out.targets);
+    for (at, what) in fix_later {
+        cx.error_at(at, format_args!("{what} write `{fixed}`"));
     }
     out
 }
 
+/// Keeps the targets written as names; a path (`State::A`) is queued for an error showing
+/// its last segment. Returns whether every target was a plain name.
+fn targets_from_paths(
+    paths: &Punctuated<Path, Token![,]>,
+    targets: &mut Vec<Ident>,
+    fix_later: &mut Vec<(proc_macro2::TokenStream, &'static str)>,
+) -> bool {
+    let mut plain = true;
+    for path in paths {
+        if let Some(ident) = path.get_ident() {
+            targets.push(ident.clone());
+        } else if let Some(last) = path.segments.last() {
+            plain = false;
+            targets.push(last.ident.clone());
+            fix_later.push((
+                quote::ToTokens::to_token_stream(path),
+                "a target is a state's name alone, without a path:",
+            ));
+        }
+    }
+    plain
+}
+
+/// `#[transition(to = [A, B])]` for the given targets, as shown in messages.
+pub fn corrected(targets: &[Ident]) -> String {
+    let names: Vec<String> = targets.iter().map(ToString::to_string).collect();
+    format!("#[transition(to = [{}])]", names.join(", "))
+}
+
+/// Skips a rejected value up to the next `,` of the attribute, so parsing goes on.
+fn skip_to_comma(input: ParseStream<'_>) -> syn::Result<()> {
+    input.step(|cursor| {
+        let mut rest = *cursor;
+        while let Some((tt, next)) = rest.token_tree() {
+            if matches!(&tt, proc_macro2::TokenTree::Punct(p) if p.as_char() == ',') {
+                break;
+            }
+            rest = next;
+        }
+        Ok(((), rest))
+    })
+}
+
+/// Records a value that failed to parse and skips to the next key, so every bad value of
+/// one attribute is reported, not only the first.
+fn recover<T>(
+    cx: &Ctxt,
+    meta: &syn::meta::ParseNestedMeta<'_>,
+    parsed: syn::Result<T>,
+) -> syn::Result<Option<T>> {
+    match parsed {
+        Ok(value) => Ok(Some(value)),
+        Err(error) => {
+            cx.push(error);
+            skip_to_comma(meta.input)?;
+            Ok(None)
+        }
+    }
+}
+
+/// `crate = "path"`, a string as in `#[serde(crate = "..")]`.
+fn parse_crate(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<Path> {
+    let value = meta.value()?;
+    let Ok(lit) = value.parse::<LitStr>() else {
+        return Err(value.error("expected the path as a string: `crate = \"pf\"`"));
+    };
+    lit.parse::<Path>().map_err(|_| {
+        syn::Error::new_spanned(
+            &lit,
+            "expected a path to procflow, like `crate = \"pf\"` or `crate = \"my_sdk::procflow\"`",
+        )
+    })
+}
+
 /// A type after `key =`. A string in its place is recorded (and consumed) so the other
-/// keys are still read.
+/// keys are still read; the string's content is kept when it is a type, so the generated
+/// code uses it and the user's handlers see the type they wrote.
 fn parse_type(
     cx: &Ctxt,
     meta: &syn::meta::ParseNestedMeta<'_>,
@@ -226,7 +389,7 @@ fn parse_type(
                 lit.value()
             ),
         );
-        return Ok(None);
+        return Ok(lit.parse().ok());
     }
     value.parse().map(Some)
 }
@@ -298,4 +461,37 @@ fn path_text(path: &Path) -> String {
     quote::ToTokens::to_token_stream(path)
         .to_string()
         .replace(' ', "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::STATE_ATTRS;
+    use crate::names::did_you_mean;
+
+    // Attributes other derives and rustc put on variants must not be taken for a misspelt
+    // one of ours, or a correct machine would fail silently.
+    #[test]
+    fn other_variant_attributes_are_not_misspellings() {
+        for other in [
+            "doc",
+            "default",
+            "allow",
+            "deny",
+            "warn",
+            "expect",
+            "cfg",
+            "cfg_attr",
+            "serde",
+            "deprecated",
+            "must_use",
+            "non_exhaustive",
+            "strum",
+            "error",
+        ] {
+            assert_eq!(did_you_mean(other, STATE_ATTRS), None, "{other}");
+        }
+        assert_eq!(did_you_mean("transtion", STATE_ATTRS), Some("transition"));
+        assert_eq!(did_you_mean("intial", STATE_ATTRS), Some("initial"));
+        assert_eq!(did_you_mean("terminl", STATE_ATTRS), Some("terminal"));
+    }
 }

@@ -9,6 +9,16 @@ use syn::Ident;
 
 pub fn check(cx: &Ctxt, machine: &Machine<'_>) {
     check_procedure_given(cx, machine);
+    // A misspelt `#[intial]` or `#[transtion(..)]` is reported by rustc, with a hint
+    // naming ours; the rules about initial, terminal and transitions would only repeat it
+    // wrongly ("no initial state").
+    if machine.states.iter().any(|s| s.attrs.misspelt) {
+        cx.reported_by_rustc();
+        check_targets_exist(cx, machine);
+        check_targets_unique(cx, machine);
+        check_rollback_flags_agree(cx, machine);
+        return;
+    }
     check_exactly_one_initial(cx, machine);
     check_some_terminal(cx, machine);
     check_initial_is_not_terminal(cx, machine);
@@ -276,25 +286,76 @@ fn check_all_reachable(cx: &Ctxt, machine: &Machine<'_>) -> BTreeSet<usize> {
 }
 
 // From every reachable state some terminal state can be reached: a loop must have an exit.
-// (An unreachable state is already reported as such.)
+// The mistake is the loop, not each state in it nor the states leading into it, so there
+// is one error per strongly connected component that no edge leaves ("bottom" cycle);
+// every other stuck state only leads into one of those. (An unreachable state is already
+// reported as such.)
 fn check_all_can_terminate(cx: &Ctxt, machine: &Machine<'_>, reachable: &BTreeSet<usize>) {
     let terminals = (0..machine.states.len())
         .filter(|&i| machine.states[i].is_terminal())
         .collect();
     // Walk the edges backwards from the terminal states.
     let finishing = closure(machine, terminals, |from, to| (to, from));
-    for (i, state) in machine.states.iter().enumerate() {
-        if reachable.contains(&i) && !finishing.contains(&i) {
-            cx.error_at(
-                state.ident,
-                format_args!(
-                    "no terminal state can be reached from `{}`: it loops without an exit; add a \
-                     transition towards a `#[terminal]` state",
-                    state.ident
-                ),
-            );
+    let mut reported = BTreeSet::new();
+    for start in 0..machine.states.len() {
+        if !reachable.contains(&start) || finishing.contains(&start) || reported.contains(&start) {
+            continue;
+        }
+        let forward = closure(machine, vec![start], |from, to| (from, to));
+        let backward = closure(machine, vec![start], |from, to| (to, from));
+        let component: BTreeSet<usize> = forward.intersection(&backward).copied().collect();
+        // A bottom component: everything reachable from it is inside it.
+        if forward != component {
+            continue;
+        }
+        reported.extend(component.iter().copied());
+        let cycle = cycle_through(machine, start, &component);
+        let path: Vec<String> = cycle
+            .iter()
+            .map(|&i| names::state_name(machine.states[i].ident))
+            .collect();
+        let first = &machine.states[start];
+        let mut exit: Vec<Ident> = first.targets().to_vec();
+        let terminal = machine.states.iter().find(|s| s.is_terminal());
+        exit.extend(terminal.map(|t| t.ident.clone()));
+        cx.error_at(
+            first.ident,
+            format_args!(
+                "`{}` loops with no exit: no `#[terminal]` state can be reached from it; add an \
+                 exit, e.g. `{}` on `{}`",
+                path.join(" → "),
+                crate::attr::corrected(&exit),
+                first.ident
+            ),
+        );
+    }
+}
+
+/// The states of a shortest cycle from `start` back to it inside `component`, `start`
+/// first and last.
+fn cycle_through(machine: &Machine<'_>, start: usize, component: &BTreeSet<usize>) -> Vec<usize> {
+    let index = |ident: &Ident| machine.states.iter().position(|s| s.ident == ident);
+    let mut parent: Vec<Option<usize>> = vec![None; machine.states.len()];
+    let mut queue = VecDeque::from([start]);
+    while let Some(at) = queue.pop_front() {
+        for next in machine.states[at].targets().iter().filter_map(index) {
+            if next == start {
+                // Walk the parents back from `at` to `start` (the root, without parent).
+                let mut path = vec![at];
+                while let Some(p) = parent[*path.last().expect("not empty")] {
+                    path.push(p);
+                }
+                path.reverse();
+                path.push(start);
+                return path;
+            }
+            if component.contains(&next) && next != start && parent[next].is_none() {
+                parent[next] = Some(at);
+                queue.push_back(next);
+            }
         }
     }
+    vec![start, start]
 }
 
 /// The states reachable from `start` along the edges, each edge `(from, to)` oriented by

@@ -10,12 +10,16 @@ use std::thread;
 pub struct Ctxt {
     // `None` once `check` ran; dropping an unchecked context is a bug in this crate.
     errors: RefCell<Option<Vec<syn::Error>>>,
+    // Set when rustc itself reports the mistake (a misspelt attribute): no message of
+    // ours, but no expansion of an unsound machine either.
+    reported_by_rustc: std::cell::Cell<bool>,
 }
 
 impl Ctxt {
     pub fn new() -> Self {
         Self {
             errors: RefCell::new(Some(Vec::new())),
+            reported_by_rustc: std::cell::Cell::new(false),
         }
     }
 
@@ -33,17 +37,28 @@ impl Ctxt {
             .push(error);
     }
 
-    /// All recorded errors combined into one, or `Ok` when there were none.
-    pub fn check(self) -> Result<(), syn::Error> {
+    /// Marks the derive as failed by a mistake rustc reports on its own, so the fallback
+    /// is emitted without an error of ours on top.
+    pub fn reported_by_rustc(&self) {
+        self.reported_by_rustc.set(true);
+    }
+
+    /// All recorded errors combined into one, or `Ok` when there were none. `Err(None)`:
+    /// failed, with rustc reporting why.
+    pub fn check(self) -> Result<(), Option<syn::Error>> {
         let errors = self.errors.borrow_mut().take().expect("Ctxt checked twice");
         let mut errors = errors.into_iter();
         let Some(mut combined) = errors.next() else {
-            return Ok(());
+            return if self.reported_by_rustc.get() {
+                Err(None)
+            } else {
+                Ok(())
+            };
         };
         for error in errors {
             combined.combine(error);
         }
-        Err(combined)
+        Err(Some(combined))
     }
 }
 

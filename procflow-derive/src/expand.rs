@@ -69,7 +69,8 @@ fn target_enum(machine: &Machine<'_>, state: &State<'_>) -> TokenStream {
     quote! {
         #[doc = #doc]
         // A declared transition that no handler takes yet is not dead code the user wrote.
-        #[allow(dead_code)]
+        // Named after the user's state, whose spelling (`r#type`) is the user's choice.
+        #[allow(dead_code, non_camel_case_types)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
         pub enum #ident {
             #( #[doc = #variant_docs] #targets, )*
@@ -93,6 +94,7 @@ fn known_targets<'m>(
 
 /// `trait CreateTableStateHandlers { fn prepare(..) -> impl Future<..>; .. }`
 pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
+    let private = &machine.private;
     let vis = machine.vis;
     let machine_ident = machine.ident;
     let trait_ident = names::handlers_trait(machine_ident);
@@ -105,14 +107,15 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
     );
     let stub = (bodies == Bodies::Stubbed).then(|| quote!({ ::core::future::pending() }));
     let stub_or_semi = stub.clone().unwrap_or_else(|| quote!(;));
-    // One method of the trait: `fn name(&mut self, ctx) -> impl Future<Output = ..> + Send`.
+    // One method of the trait: `fn name(&mut self, ctx) -> impl HandlerFuture<..>`, a
+    // `Future + Send` whose own trait tells a handler written without `async` to add it.
     let method = |name: syn::Ident, doc: String, output: TokenStream| {
         let tokens = quote! {
             #[doc = #doc]
             fn #name(
                 &mut self,
-                ctx: &::procflow::__private::Context<#env>,
-            ) -> impl ::core::future::Future<Output = #output> + ::core::marker::Send #stub_or_semi
+                ctx: &#private::Context<#env>,
+            ) -> impl #private::HandlerFuture<#output> #stub_or_semi
         };
         (name.to_string(), tokens)
     };
@@ -122,7 +125,7 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
             "Executes state `{ident}`; moves to {}.",
             list(state.targets().iter())
         );
-        let output = quote!(::procflow::__private::Step<#module::#ident>);
+        let output = quote!(#private::Step<#module::#ident>);
         method(names::execute_method(ident), doc, output)
     });
     let rollback = machine
@@ -131,21 +134,47 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
         .map(|state| {
             let ident = state.ident;
             let doc = format!("Undoes what state `{ident}` did, during a rollback.");
-            let output = quote!(::core::result::Result<(), ::procflow::__private::Error>);
+            let output = quote!(::core::result::Result<(), #private::Error>);
             method(names::rollback_method(ident), doc, output)
         });
+    // A state without `#[rollback]` gets a hidden, defaulted `rollback_*` whose return
+    // type no `async fn` satisfies: writing that handler anyway says "add `#[rollback]`".
+    let undeclared = machine
+        .steps()
+        .filter(|s| s.attrs.rollback.is_none() && bodies == Bodies::Required)
+        .map(|state| {
+            let ident = state.ident;
+            let name = names::rollback_method(ident);
+            let tokens = quote! {
+                #[doc(hidden)]
+                fn #name(
+                    &mut self,
+                    ctx: &#private::Context<#env>,
+                ) -> impl #private::RollbackUndeclared<#module::#ident> {
+                    let _ = ctx;
+                    #private::NoRollback
+                }
+            };
+            (name.to_string(), tokens)
+        });
     // In a sound machine the names are unique; after a collision the fallback keeps one
-    // (and leaves out a handler named like the trait's own `locks`).
+    // (and leaves out a handler named like the trait's own `locks`). A hidden method
+    // yields to a real handler of the same name.
     let mut seen = vec![String::from("locks")];
-    let methods = execute.chain(rollback).filter(|(name, _)| {
-        let fresh = !seen.contains(name);
-        seen.push(name.clone());
-        fresh
-    });
+    let methods = execute
+        .chain(rollback)
+        .chain(undeclared)
+        .filter(|(name, _)| {
+            let fresh = !seen.contains(name);
+            seen.push(name.clone());
+            fresh
+        });
     let methods = methods.map(|(_, tokens)| tokens);
     quote! {
         #[doc = #doc]
-        #vis trait #trait_ident: ::core::marker::Send {
+        // No `Send` supertrait: `HandlerFuture` already needs it of every handler's future,
+        // and repeating it here would report a non-`Send` procedure type a third time.
+        #vis trait #trait_ident {
             #(#methods)*
 
             /// The locks this procedure takes (none by default). Override it to declare
@@ -157,16 +186,17 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
             fn locks(
                 &self,
             ) -> ::core::result::Result<
-                ::procflow::__private::Locks,
-                ::procflow::__private::LockKeyError,
+                #private::Locks,
+                #private::LockKeyError,
             > {
-                ::core::result::Result::Ok(::procflow::__private::Locks::none())
+                ::core::result::Result::Ok(#private::Locks::none())
             }
         }
     }
 }
 
 fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
+    let private = &machine.private;
     let ident = machine.ident;
     let procedure = machine.attrs.procedure.as_ref().expect("checked");
     let env = env_type(machine);
@@ -195,7 +225,7 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
     let execute_arms = machine
         .states
         .iter()
-        .map(|s| execute_arm(procedure, &trait_ident, s));
+        .map(|s| execute_arm(machine, procedure, &trait_ident, s));
     let rollback_arms = machine
         .states
         .iter()
@@ -204,16 +234,49 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
     // implement the handlers; the assoc-type bounds report a missing Serialize there too.
     let bound_trait = syn::Ident::new(&trait_ident.to_string(), procedure.span());
     let bound = quote_spanned!(procedure.span()=> #procedure: #bound_trait);
+    // `for<'__pf>` keeps rustc from checking the derives on the impl itself (one error per
+    // missing trait, with no advice); the check below reports them with the full list.
+    let derives =
+        quote!(for<'__pf> #ident: ::core::marker::Copy + ::core::cmp::Eq + ::core::fmt::Debug);
+    let derives_check = quote_spanned! {ident.span()=>
+        const _: () = {
+            fn needs_derives<T: #private::MachineDerives>() {}
+            let _ = needs_derives::<#ident>;
+        };
+    };
+    // Likewise the procedure type: one error on `procedure = X` listing what the runtime
+    // needs, and the impl assumes it rather than repeating each missing trait.
+    let data = quote_spanned! {procedure.span()=>
+        for<'__pf> #procedure: #private::ProcedureData
+    };
+    let data_check = quote_spanned! {procedure.span()=>
+        const _: () = {
+            fn needs_data<T: #private::ProcedureData>() {}
+            let _ = needs_data::<#procedure>;
+        };
+    };
     let procedure_assoc = quote_spanned!(procedure.span()=> type Procedure = #procedure;);
-    quote! {
+    // Spanned on the user's `procedure = X`, so a second machine naming X gets its
+    // "conflicting implementations" error there.
+    let procedure_impl = quote_spanned! {procedure.span()=>
         #[automatically_derived]
-        impl ::procflow::__private::StateMachine for #ident where #bound {
+        impl #private::Procedure for #procedure {
+            type Machine = #ident;
+        }
+    };
+    quote! {
+        #derives_check
+        #data_check
+        #procedure_impl
+
+        #[automatically_derived]
+        impl #private::StateMachine for #ident where #bound, #derives, #data {
             #procedure_assoc
             type Env = #env;
             const NAME: &'static str = #name;
             const INITIAL: Self = Self::#initial;
             const STATES: &'static [Self] = &[#(Self::#states),*];
-            const INFO: &'static [::procflow::__private::StateInfo] = &[#(#infos),*];
+            const INFO: &'static [#private::StateInfo] = &[#(#infos),*];
             const TERMINALS: &'static [Self] = &[#(Self::#terminals),*];
             const EDGES: &'static [(Self, Self)] = &[#(#edges),*];
 
@@ -224,8 +287,8 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
             fn locks(
                 procedure: &#procedure,
             ) -> ::core::result::Result<
-                ::procflow::__private::Locks,
-                ::procflow::__private::LockKeyError,
+                #private::Locks,
+                #private::LockKeyError,
             > {
                 <#procedure as #trait_ident>::locks(procedure)
             }
@@ -233,11 +296,11 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
             fn execute_from_state<'a>(
                 self,
                 procedure: &'a mut #procedure,
-                ctx: &'a ::procflow::__private::Context<#env>,
+                ctx: &'a #private::Context<#env>,
             ) -> impl ::core::future::Future<
                 Output = ::core::result::Result<
-                    ::procflow::__private::Flow<Self>,
-                    ::procflow::__private::Error,
+                    #private::Flow<Self>,
+                    #private::Error,
                 >,
             > + ::core::marker::Send + 'a {
                 async move {
@@ -248,9 +311,9 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
             fn rollback_state<'a>(
                 self,
                 procedure: &'a mut #procedure,
-                ctx: &'a ::procflow::__private::Context<#env>,
+                ctx: &'a #private::Context<#env>,
             ) -> impl ::core::future::Future<
-                Output = ::core::result::Result<(), ::procflow::__private::Error>,
+                Output = ::core::result::Result<(), #private::Error>,
             > + ::core::marker::Send + 'a {
                 async move {
                     match self { #(#rollback_arms)* }
@@ -261,7 +324,8 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
 }
 
 fn state_info(machine: &Machine<'_>, state: &State<'_>) -> TokenStream {
-    let name = state.ident.to_string();
+    let private = &machine.private;
+    let name = names::state_name(state.ident);
     let attrs = &state.attrs;
     let initial = attrs.initial.is_some();
     let terminal = attrs.terminal.is_some();
@@ -270,11 +334,11 @@ fn state_info(machine: &Machine<'_>, state: &State<'_>) -> TokenStream {
     let bound = attrs.max_repeats.as_ref().map(|(_, n)| *n);
     let max_repeats = match bound.or(machine.attrs.max_repeats) {
         Some(n) => quote!(#n),
-        None => quote!(::procflow::__private::DEFAULT_MAX_REPEATS),
+        None => quote!(#private::DEFAULT_MAX_REPEATS),
     };
-    let targets = state.targets().iter().map(ToString::to_string);
+    let targets = state.targets().iter().map(names::state_name);
     quote! {
-        ::procflow::__private::StateInfo {
+        #private::StateInfo {
             name: #name,
             initial: #initial,
             terminal: #terminal,
@@ -286,13 +350,19 @@ fn state_info(machine: &Machine<'_>, state: &State<'_>) -> TokenStream {
     }
 }
 
-fn execute_arm(procedure: &syn::Type, handlers: &syn::Ident, state: &State<'_>) -> TokenStream {
+fn execute_arm(
+    machine: &Machine<'_>,
+    procedure: &syn::Type,
+    handlers: &syn::Ident,
+    state: &State<'_>,
+) -> TokenStream {
+    let private = &machine.private;
     let ident = state.ident;
     if state.is_terminal() {
         let message = format!("state `{ident}` is terminal: it has no step to execute");
         return quote! {
             Self::#ident => ::core::result::Result::Err(
-                ::procflow::__private::Error::fatal(#message),
+                #private::Error::fatal(#message),
             ),
         };
     }
@@ -331,7 +401,7 @@ fn stable_name(machine: &Machine<'_>) -> String {
             .path
             .segments
             .last()
-            .map(|segment| segment.ident.to_string())
+            .map(|segment| names::state_name(&segment.ident))
             .unwrap_or_default(),
         Some(other) => quote!(#other).to_string(),
         None => machine.ident.to_string(),

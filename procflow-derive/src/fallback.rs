@@ -7,10 +7,10 @@ use crate::expand::{self, Bodies};
 use proc_macro2::TokenStream;
 use quote::quote;
 
-pub fn fallback(machine: Option<&Machine<'_>>, errors: syn::Error) -> TokenStream {
-    let errors = errors.to_compile_error();
+pub fn fallback(machine: Option<&Machine<'_>>, errors: Option<syn::Error>) -> TokenStream {
+    let errors = errors.map(|e| e.to_compile_error());
     let Some(machine) = machine else {
-        return errors;
+        return quote!(#errors);
     };
     let targets = expand::targets_module(machine);
     let handlers = expand::handlers_trait(machine, Bodies::Stubbed);

@@ -12,6 +12,7 @@ mod check;
 mod ctxt;
 mod expand;
 mod fallback;
+mod krate;
 mod names;
 
 use proc_macro::TokenStream;

@@ -1,7 +1,9 @@
 //! The attributes of `#[derive(StateMachine)]`, each with an example.
 //!
-//! The derive goes on a fieldless, non-generic enum whose variants are the states. It
-//! generates, next to the enum `FooState`:
+//! The derive goes on a fieldless, non-generic enum whose variants are the states, which
+//! also derives `Clone, Copy, Debug, PartialEq, Eq` (the runtime copies, compares and logs
+//! states; a missing one is an error naming all five). It generates, next to the enum
+//! `FooState`:
 //!
 //! - `trait FooStateHandlers`: one `async fn snake_case_state(&mut self, ctx)` per
 //!   non-terminal state and one `async fn rollback_snake_case_state` per `#[rollback]`
@@ -11,6 +13,11 @@
 //!   `#[transition]` declares. The handler of state `A` returns
 //!   [`Step<foo_state::A>`](crate::Step); any other target does not compile.
 //! - `impl StateMachine for FooState`: metadata consts and the dispatch the runtime calls.
+//! - `impl Procedure for T` on the `procedure = T` type, so
+//!   `executor.submit(T { .. })` infers the machine.
+//!
+//! Generated names are valid in every edition: a state `Gen` gets handler `r#gen`, `Crate`
+//! gets `crate_`, and a raw `r#type` gets `r#type` (stored and drawn as `type`).
 //!
 //! # On the enum: `#[state_machine(..)]`
 //!
@@ -20,6 +27,7 @@
 //! | `name = "text"` | no | the stable type name written to the store; default: the procedure type's name. Changing it orphans stored procedures |
 //! | `env = Type` | no | the environment handlers receive through [`Context::env`](crate::Context::env); default `()` |
 //! | `max_repeats = N` | no | how often any state may be re-entered before the step fails with [`Error::StepCycle`](crate::Error::StepCycle); default [`DEFAULT_MAX_REPEATS`](crate::DEFAULT_MAX_REPEATS) |
+//! | `crate = "path"` | no | where generated code finds procflow when it is re-exported by another crate (`crate = "my_sdk::procflow"`). A renamed dependency needs nothing: the name is read from your `Cargo.toml` |
 //!
 //! ```
 //! use procflow::prelude::*;

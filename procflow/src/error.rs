@@ -292,6 +292,25 @@ impl<T, E: StdError + Send + Sync + 'static> ResultExt<T> for Result<T, E> {
     }
 }
 
+/// Never implemented: it exists so that `?` on an error that is not a procflow [`Error`]
+/// says how to classify it, instead of rustc's "couldn't convert the error".
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "`?` cannot tell whether `{Self}` is worth retrying: use `.retryable()?` or `.fatal()?`",
+    label = "classify this error: `.retryable()?` runs the step again, `.fatal()?` rolls the procedure back",
+    note = "both come from `procflow::ResultExt` (in `procflow::prelude`)"
+)]
+pub trait ClassifyWithRetryableOrFatal {}
+
+/// Only for the message above: the bound is never met, so `?` never converts an error
+/// implicitly. (`Error` itself is not `ClassifyWithRetryableOrFatal`, so this does not
+/// overlap with `From<T> for T`.)
+impl<E: StdError + ClassifyWithRetryableOrFatal> From<E> for Error {
+    fn from(error: E) -> Self {
+        Error::fatal(error.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -76,11 +76,11 @@
 //!     .start()
 //!     .await?;
 //!
-//! let users = executor.submit::<CreateTableState>(CreateTable { name: "users".into(), servers: 3 }).await?;
+//! let users = executor.submit(CreateTable { name: "users".into(), servers: 3 }).await?;
 //! assert_eq!(executor.wait(users).await?, Outcome::Succeeded);
 //!
 //! // `assign_regions` fails: the completed steps are undone, newest first.
-//! let logs = executor.submit::<CreateTableState>(CreateTable { name: "logs".into(), servers: 0 }).await?;
+//! let logs = executor.submit(CreateTable { name: "logs".into(), servers: 0 }).await?;
 //! assert_eq!(executor.wait(logs).await?, Outcome::RolledBack(Error::fatal("no region server is up")));
 //! executor.shutdown().await?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -121,10 +121,14 @@ pub mod testing;
 pub use context::Context;
 pub use cursor::{Cursor, Phase};
 pub use diagram::mermaid;
+#[doc(hidden)]
+pub use error::ClassifyWithRetryableOrFatal;
 pub use error::{Error, ResultExt};
 pub use flow::{Child, Flow, Step};
 pub use id::ProcedureId;
-pub use machine::{DEFAULT_MAX_REPEATS, StateInfo, StateMachine};
+pub use machine::{DEFAULT_MAX_REPEATS, Procedure, StateInfo, StateMachine};
+#[doc(hidden)]
+pub use machine::{HandlerFuture, MachineDerives, NoRollback, ProcedureData, RollbackUndeclared};
 pub use stepper::{StepReport, Stepper};
 
 /// Derives [`StateMachine`] for an enum of states; see [`attributes`] for every attribute.
@@ -143,5 +147,8 @@ pub mod prelude {
 #[doc(hidden)]
 pub mod __private {
     pub use crate::locks::{LockKeyError, Locks};
-    pub use crate::{Context, DEFAULT_MAX_REPEATS, Error, Flow, StateInfo, StateMachine, Step};
+    pub use crate::{
+        Context, DEFAULT_MAX_REPEATS, Error, Flow, HandlerFuture, MachineDerives, NoRollback,
+        Procedure, ProcedureData, RollbackUndeclared, StateInfo, StateMachine, Step,
+    };
 }

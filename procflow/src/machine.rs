@@ -32,6 +32,83 @@ pub struct StateInfo {
     pub targets: &'static [&'static str],
 }
 
+/// The link from a procedure type to its state machine, so
+/// `executor.submit(CreateTable { .. })` needs no turbofish.
+///
+/// Do not implement it by hand: `#[derive(StateMachine)]` implements it on the type named
+/// by `#[state_machine(procedure = ..)]`. A type is the procedure of one machine only: a
+/// second machine naming the same type fails to compile (conflicting implementations of
+/// `Procedure`), where it used to fail at [`start`](crate::executor::ExecutorBuilder::start)
+/// with a duplicate name.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not the procedure type of any state machine",
+    label = "not named by `#[state_machine(procedure = ..)]`",
+    note = "name it on the machine's enum: `#[state_machine(procedure = {Self})]`"
+)]
+pub trait Procedure: Sized {
+    /// The machine whose procedures hold this data. (Deliberately unbounded: the bound
+    /// lives on [`StateMachine::Procedure`], so a machine whose handlers are missing gets
+    /// one error, not a second one through this impl.)
+    type Machine;
+}
+
+/// What a handler returns: the future of an `async fn`, `Send` so the executor can run it
+/// on any worker. Its own trait only so that a handler written without `async` is told so.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "a handler must be an `async fn` returning `{T}`",
+    label = "this returns `{Self}`, not a `Send` future",
+    note = "write `async fn name(&mut self, ctx: &Context<..>) -> ..`; if it is already `async`, \
+            hold no `Rc` or `RefCell` borrow across an `.await`, so its future is `Send`"
+)]
+pub trait HandlerFuture<T>: Future<Output = T> + Send {}
+
+impl<F: Future<Output = T> + Send, T> HandlerFuture<T> for F {}
+
+/// What the hidden `rollback_*` method of a state without `#[rollback]` returns, so that
+/// a user writing that handler is told to add the attribute (rustc would only say "not a
+/// member of trait"). `S` is the state's targets type, which names the state.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "this rollback handler belongs to a state without `#[rollback]`: add `#[rollback]` to the state of `{S}`",
+    label = "never called: the state has no `#[rollback]`",
+    note = "mark the variant `#[rollback]` on the machine's enum, or remove this handler"
+)]
+pub trait RollbackUndeclared<S> {}
+
+/// The only implementor of [`RollbackUndeclared`].
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct NoRollback;
+
+impl<S> RollbackUndeclared<S> for NoRollback {}
+
+/// What the runtime needs of a procedure type, checked once on the user's
+/// `procedure = T` so that a borrowed, non-`Send` or non-serializable type is one error
+/// saying all of it.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "the procedure type `{Self}` must be `'static + Send + Serialize + DeserializeOwned`",
+    label = "persisted after every step and run on any worker thread",
+    note = "derive `serde::Serialize, serde::Deserialize`, own its data (no references) and \
+            hold no `Rc` or `RefCell`"
+)]
+pub trait ProcedureData: Serialize + DeserializeOwned + Send + 'static {}
+
+impl<T: Serialize + DeserializeOwned + Send + 'static> ProcedureData for T {}
+
+/// The derives a machine's enum needs; a missing one is reported with this message,
+/// naming all of them, instead of rustc's one suggestion per trait.
+#[doc(hidden)]
+#[diagnostic::on_unimplemented(
+    message = "a state machine enum needs `#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]`",
+    label = "`{Self}` lacks some of `Clone, Copy, Debug, PartialEq, Eq`",
+    note = "the runtime copies, compares and logs states: derive all five on `{Self}`"
+)]
+pub trait MachineDerives: Copy + Eq + Debug {}
+
+impl<T: Copy + Eq + Debug> MachineDerives for T {}
+
 /// A state machine whose procedures procflow can run, persist and roll back.
 ///
 /// Do not implement it by hand: `#[derive(StateMachine)]` generates the implementation
@@ -62,8 +139,9 @@ pub struct StateInfo {
 /// assert!(JobState::Done.is_terminal());
 /// ```
 pub trait StateMachine: Copy + Eq + Debug + Send + Sync + 'static {
-    /// The procedure's data: persisted after every step, handed to every handler.
-    type Procedure: Serialize + DeserializeOwned + Send + 'static;
+    /// The procedure's data: persisted after every step, handed to every handler. Linked
+    /// back to this machine, so generic code over `M` can submit `M::Procedure`.
+    type Procedure: Procedure<Machine = Self> + Serialize + DeserializeOwned + Send + 'static;
     /// The environment shared by all procedures of an executor (`()` by default).
     type Env: Send + Sync + 'static;
 

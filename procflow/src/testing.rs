@@ -413,7 +413,7 @@ impl<E: Send + Sync + 'static> CrashTest<E> {
             let executor = (self.setup)(builder).start().await?;
             let _ = handle.set(executor.clone());
             let options = SubmitOptions::default().nonce(NONCE);
-            let id = match executor.submit_with::<M>(procedure(), options).await {
+            let id = match executor.submit_with(procedure(), options).await {
                 Ok(id) => id,
                 Err(SubmitError::Executor(ExecutorError::Killed)) => {
                     killed += 1;
@@ -507,7 +507,7 @@ impl<M: StateMachine> StepByStep<M> {
         let builder = Executor::builder_shared(Arc::clone(&store), Arc::clone(&env))
             .kill_hook(stop_after_submit);
         let executor = setup(builder).start().await?;
-        let id = match executor.submit::<M>(procedure).await {
+        let id = match executor.submit_as::<M>(procedure).await {
             Err(SubmitError::Executor(ExecutorError::Killed)) => ProcedureId::new(1),
             Ok(id) => id,
             Err(other) => return Err(other.into()),

@@ -125,10 +125,7 @@ async fn parent_resumes_after_all_children_succeed(store: TestStore) {
         },
         Kid::named("b"),
     ];
-    let id = executor
-        .submit::<ParentState>(Parent { children: kids })
-        .await
-        .unwrap();
+    let id = executor.submit(Parent { children: kids }).await.unwrap();
     let mut parent = executor.subscribe(id).unwrap();
     parent
         .wait_for(|i| i.status == Status::WaitingChildren)
@@ -167,7 +164,7 @@ async fn failed_child_rolls_back_the_parent_keeping_its_error(store: TestStore) 
         ..Kid::named("k")
     };
     let id = executor
-        .submit::<ParentState>(Parent {
+        .submit(Parent {
             children: vec![kid],
         })
         .await
@@ -190,7 +187,7 @@ async fn double_execution_with_a_child_runs_each_step_twice(store: TestStore) {
     let parent = || Parent {
         children: vec![Kid::named("k")],
     };
-    let id = executor.submit::<ParentState>(parent()).await.unwrap();
+    let id = executor.submit(parent()).await.unwrap();
     assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
     assert_eq!(plain.events().len(), 3, "{:?}", plain.events());
 
@@ -216,7 +213,7 @@ async fn double_execution_with_a_child_runs_each_step_twice(store: TestStore) {
             .unwrap();
         let pid = match id {
             Some(pid) => pid,
-            None => match executor.submit::<ParentState>(parent()).await {
+            None => match executor.submit(parent()).await {
                 Ok(pid) => pid,
                 Err(_) => continue,
             },
@@ -258,10 +255,7 @@ async fn children_are_written_with_the_parent_step(store: TestStore) {
             .await
             .unwrap();
         let kids = vec![Kid::named("a"), Kid::named("b")];
-        let id = executor
-            .submit::<ParentState>(Parent { children: kids })
-            .await
-            .unwrap();
+        let id = executor.submit(Parent { children: kids }).await.unwrap();
         assert!(executor.wait(id).await.is_err(), "killed at the spawn");
         let records = store.store.load().await.unwrap().records;
         let children = records
@@ -390,7 +384,7 @@ async fn succeeded_children_are_rolled_back_newest_first(store: TestStore) {
     let tree = Tree {
         leaves: vec!["a".into(), "b".into()],
     };
-    let id = executor.submit::<TreeState>(tree).await.unwrap();
+    let id = executor.submit(tree).await.unwrap();
     assert_eq!(
         executor.wait(id).await.unwrap(),
         Outcome::RolledBack(Error::fatal("step 4 failed"))
@@ -425,7 +419,7 @@ async fn tree_rollback_survives_a_kill_before_every_write(store: TestStore) {
         };
         let pid = match id {
             Some(pid) => pid,
-            None => match executor.submit::<TreeState>(tree).await {
+            None => match executor.submit(tree).await {
                 Ok(pid) => pid,
                 Err(_) => continue,
             },
@@ -483,19 +477,13 @@ async fn too_many_children_for_one_batch_fail_the_procedure_only() {
         .await
         .unwrap();
     let kids = (0..3).map(|i| Kid::named(&format!("k{i}"))).collect();
-    let id = executor
-        .submit::<ParentState>(Parent { children: kids })
-        .await
-        .unwrap();
+    let id = executor.submit(Parent { children: kids }).await.unwrap();
     let Outcome::RolledBack(error) = executor.wait(id).await.unwrap() else {
         panic!("expected a rollback");
     };
     assert!(error.to_string().contains("at most 2 children"), "{error}");
     // The executor still runs: two children fit.
     let kids = (0..2).map(|i| Kid::named(&format!("j{i}"))).collect();
-    let id = executor
-        .submit::<ParentState>(Parent { children: kids })
-        .await
-        .unwrap();
+    let id = executor.submit(Parent { children: kids }).await.unwrap();
     assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
 }

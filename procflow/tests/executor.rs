@@ -51,10 +51,7 @@ async fn start(store: &TestStore, ledger: &Ledger) -> Executor<Ledger> {
 async fn runs_to_success_reporting_progress(store: TestStore) {
     let ledger = Ledger::default();
     let executor = start(&store, &ledger).await;
-    let id = executor
-        .submit::<CounterState>(Counter::named("p"))
-        .await
-        .unwrap();
+    let id = executor.submit(Counter::named("p")).await.unwrap();
     assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
     let info = executor.state(id).unwrap();
     assert_eq!(
@@ -82,7 +79,7 @@ async fn failure_rolls_back_newest_first_and_keeps_the_error(store: TestStore) {
         fatal: true,
         ..Counter::named("p")
     };
-    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    let id = executor.submit(counter).await.unwrap();
     let outcome = executor.wait(id).await.unwrap();
     assert_eq!(outcome, Outcome::RolledBack(Error::fatal("step 4 failed")));
     let rollbacks: Vec<_> = ledger
@@ -102,7 +99,7 @@ async fn retryable_errors_are_retried_then_succeed(store: TestStore) {
         transient: 3,
         ..Counter::named("p")
     };
-    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    let id = executor.submit(counter).await.unwrap();
     assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
     assert_eq!(ledger.count("p execute 2"), 4, "3 failures, then success");
     assert_eq!(
@@ -121,7 +118,7 @@ async fn spent_retry_budget_counts_as_fatal(store: TestStore) {
         transient: 10,
         ..Counter::named("p")
     };
-    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    let id = executor.submit(counter).await.unwrap();
     let outcome = executor.wait(id).await.unwrap();
     assert_eq!(outcome, Outcome::RolledBack(Error::fatal("step 3 busy")));
     assert_eq!(ledger.count("p execute 3"), 5);
@@ -139,7 +136,7 @@ async fn rollback_retried_twice_then_rolled_back(store: TestStore) {
         rollback_transient: 2,
         ..Counter::named("p")
     };
-    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    let id = executor.submit(counter).await.unwrap();
     let outcome = executor.wait(id).await.unwrap();
     assert_eq!(outcome, Outcome::RolledBack(Error::fatal("step 2 failed")));
     assert_eq!(ledger.count("p rollback 1"), 3);
@@ -154,7 +151,7 @@ async fn rollback_that_keeps_failing_ends_failed(store: TestStore) {
         rollback_transient: 100,
         ..Counter::named("p")
     };
-    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    let id = executor.submit(counter).await.unwrap();
     let outcome = executor.wait(id).await.unwrap();
     assert_eq!(outcome, Outcome::Failed(Error::fatal("step 2 failed")));
     assert_eq!(ledger.count("p rollback 1"), 5, "the rollback budget");
@@ -167,7 +164,7 @@ async fn panicking_handler_fails_only_its_procedure(store: TestStore) {
         panic_at: Some(3),
         ..Counter::named("bad")
     };
-    let bad = executor.submit::<CounterState>(counter).await.unwrap();
+    let bad = executor.submit(counter).await.unwrap();
     let Outcome::RolledBack(error) = executor.wait(bad).await.unwrap() else {
         panic!("expected a rollback");
     };
@@ -176,10 +173,7 @@ async fn panicking_handler_fails_only_its_procedure(store: TestStore) {
         "{error}"
     );
     assert!(error.is_fatal());
-    let good = executor
-        .submit::<CounterState>(Counter::named("good"))
-        .await
-        .unwrap();
+    let good = executor.submit(Counter::named("good")).await.unwrap();
     assert_eq!(executor.wait(good).await.unwrap(), Outcome::Succeeded);
 }
 
@@ -207,7 +201,7 @@ async fn kill_at_every_write(store: TestStore, point: WritePoint) {
             .unwrap();
         let pid = match id {
             Some(pid) => pid,
-            None => match executor.submit::<CounterState>(Counter::named("p")).await {
+            None => match executor.submit(Counter::named("p")).await {
                 Ok(pid) => pid,
                 Err(SubmitError::Executor(ExecutorError::Killed)) => {
                     kills += 1;
@@ -252,12 +246,7 @@ async fn ids_are_monotonic_across_restarts(store: TestStore) {
     let executor = start(&store, &ledger).await;
     let mut ids = Vec::new();
     for _ in 0..3 {
-        ids.push(
-            executor
-                .submit::<CounterState>(Counter::named("p"))
-                .await
-                .unwrap(),
-        );
+        ids.push(executor.submit(Counter::named("p")).await.unwrap());
     }
     for id in &ids {
         executor.wait(*id).await.unwrap();
@@ -272,10 +261,7 @@ async fn ids_are_monotonic_across_restarts(store: TestStore) {
     store.store.commit(batch).await.unwrap();
     assert!(store.store.load().await.unwrap().records.is_empty());
     let executor = start(&store, &ledger).await;
-    let next = executor
-        .submit::<CounterState>(Counter::named("q"))
-        .await
-        .unwrap();
+    let next = executor.submit(Counter::named("q")).await.unwrap();
     assert!(ids.windows(2).all(|w| w[0] < w[1]));
     assert!(next > *ids.last().unwrap(), "{next} after {ids:?}");
 }
@@ -285,11 +271,11 @@ async fn nonce_returns_the_same_id_also_after_restart(store: TestStore) {
     let executor = start(&store, &ledger).await;
     let options = SubmitOptions::default().nonce("req-42");
     let first = executor
-        .submit_with::<CounterState>(Counter::named("p"), options.clone())
+        .submit_with(Counter::named("p"), options.clone())
         .await
         .unwrap();
     let again = executor
-        .submit_with::<CounterState>(Counter::named("p"), options.clone())
+        .submit_with(Counter::named("p"), options.clone())
         .await
         .unwrap();
     assert_eq!(first, again);
@@ -297,7 +283,7 @@ async fn nonce_returns_the_same_id_also_after_restart(store: TestStore) {
     executor.kill();
     let executor = start(&store, &ledger).await;
     let after_restart = executor
-        .submit_with::<CounterState>(Counter::named("p"), options)
+        .submit_with(Counter::named("p"), options)
         .await
         .unwrap();
     assert_eq!(after_restart, first);
@@ -312,10 +298,7 @@ async fn concurrent_submits_with_one_nonce_make_one_procedure(store: TestStore) 
         let executor = executor.clone();
         tokio::spawn(async move {
             executor
-                .submit_with::<CounterState>(
-                    Counter::named("p"),
-                    SubmitOptions::default().nonce("same"),
-                )
+                .submit_with(Counter::named("p"), SubmitOptions::default().nonce("same"))
                 .await
                 .unwrap()
         })
@@ -367,7 +350,7 @@ async fn unregistered_machine_is_unloadable_and_kept(store: TestStore) {
         .start()
         .await
         .unwrap();
-    assert!(writer.submit::<OrphanState>(Orphan).await.is_err());
+    assert!(writer.submit(Orphan).await.is_err());
     let before = store.store.load().await.unwrap().records;
     assert_eq!(before.len(), 1);
 
@@ -378,10 +361,7 @@ async fn unregistered_machine_is_unloadable_and_kept(store: TestStore) {
     assert_eq!(unloadable[0].id.get(), before[0].id);
     assert_eq!(unloadable[0].machine, "orphan");
     assert!(unloadable[0].reason.contains("not registered"));
-    let id = executor
-        .submit::<CounterState>(Counter::named("p"))
-        .await
-        .unwrap();
+    let id = executor.submit(Counter::named("p")).await.unwrap();
     assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
     let after = store.store.load().await.unwrap().records;
     assert_eq!(
@@ -397,7 +377,7 @@ async fn suspended_procedure_runs_again_when_woken(store: TestStore) {
         suspend_at: Some(2),
         ..Counter::named("p")
     };
-    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    let id = executor.submit(counter).await.unwrap();
     let mut info = executor.subscribe(id).unwrap();
     info.wait_for(|i| matches!(i.status, Status::Suspended { .. }))
         .await
@@ -421,7 +401,7 @@ async fn suspension_timeout_survives_restart(store: TestStore) {
         suspend_timeout_ms: Some(300),
         ..Counter::named("p")
     };
-    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    let id = executor.submit(counter).await.unwrap();
     let mut info = executor.subscribe(id).unwrap();
     info.wait_for(|i| matches!(i.status, Status::Suspended { .. }))
         .await
@@ -447,7 +427,7 @@ async fn abort_rolls_back_at_the_next_boundary(store: TestStore) {
         suspend_at: Some(3),
         ..Counter::named("p")
     };
-    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    let id = executor.submit(counter).await.unwrap();
     let mut info = executor.subscribe(id).unwrap();
     info.wait_for(|i| matches!(i.status, Status::Suspended { .. }))
         .await
@@ -476,10 +456,7 @@ async fn timeout_fails_a_stuck_procedure(store: TestStore) {
         ..Counter::named("p")
     };
     let options = SubmitOptions::default().timeout(Duration::from_millis(250));
-    let id = executor
-        .submit_with::<CounterState>(counter, options)
-        .await
-        .unwrap();
+    let id = executor.submit_with(counter, options).await.unwrap();
     let Outcome::RolledBack(error) = executor.wait(id).await.unwrap() else {
         panic!("expected a rollback");
     };
@@ -501,7 +478,7 @@ async fn finished_procedures_are_removed_after_retention(store: TestStore) {
         .unwrap();
     let options = SubmitOptions::default().nonce("n1");
     let id = executor
-        .submit_with::<CounterState>(Counter::named("p"), options.clone())
+        .submit_with(Counter::named("p"), options.clone())
         .await
         .unwrap();
     executor.wait(id).await.unwrap();
@@ -518,7 +495,7 @@ async fn finished_procedures_are_removed_after_retention(store: TestStore) {
     assert!(!loaded.meta.keys().any(|k| k.contains("nonce")));
     // The nonce went with it: the same nonce now starts a new procedure.
     let again = executor
-        .submit_with::<CounterState>(Counter::named("p"), options)
+        .submit_with(Counter::named("p"), options)
         .await
         .unwrap();
     assert_ne!(again, id);
@@ -541,16 +518,16 @@ async fn queue_full_is_an_error_not_memory(store: TestStore) {
         suspend_at: Some(1),
         ..Counter::named("slow")
     };
-    let a = executor.submit::<CounterState>(slow()).await.unwrap();
-    let _b = executor.submit::<CounterState>(slow()).await.unwrap();
-    match executor.submit::<CounterState>(slow()).await {
+    let a = executor.submit(slow()).await.unwrap();
+    let _b = executor.submit(slow()).await.unwrap();
+    match executor.submit(slow()).await {
         Err(SubmitError::QueueFull { live }) => assert_eq!(live, 2),
         other => panic!("expected QueueFull, got {other:?}"),
     }
     // Room again once one ends.
     executor.abort(a).unwrap();
     executor.wait(a).await.unwrap();
-    executor.submit::<CounterState>(slow()).await.unwrap();
+    executor.submit(slow()).await.unwrap();
 }
 
 async fn shutdown_finishes_the_step_in_flight_and_resumes_later(store: TestStore) {
@@ -560,7 +537,7 @@ async fn shutdown_finishes_the_step_in_flight_and_resumes_later(store: TestStore
         slow_ms: 200,
         ..Counter::named("p")
     };
-    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    let id = executor.submit(counter).await.unwrap();
     // Shut down while step 1 (200 ms long) is in flight.
     for _ in 0..500 {
         if ledger.count("p execute 1") == 1 {
@@ -574,7 +551,7 @@ async fn shutdown_finishes_the_step_in_flight_and_resumes_later(store: TestStore
     assert_eq!(ledger.count("p execute 1"), 1);
     assert_eq!(ledger.count("p execute 2"), 0);
     assert!(matches!(
-        executor.submit::<CounterState>(Counter::named("q")).await,
+        executor.submit(Counter::named("q")).await,
         Err(SubmitError::Executor(ExecutorError::ShutDown))
     ));
     let store = store.reopen();
@@ -587,10 +564,7 @@ async fn shutdown_finishes_the_step_in_flight_and_resumes_later(store: TestStore
 async fn subscription_sees_the_terminal_state(store: TestStore) {
     let ledger = Ledger::default();
     let executor = start(&store, &ledger).await;
-    let id = executor
-        .submit::<CounterState>(Counter::named("p"))
-        .await
-        .unwrap();
+    let id = executor.submit(Counter::named("p")).await.unwrap();
     let mut receiver = executor.subscribe(id).unwrap();
     // Read nothing until well after the end: the receiver still holds the final snapshot.
     executor.wait(id).await.unwrap();
@@ -598,10 +572,7 @@ async fn subscription_sees_the_terminal_state(store: TestStore) {
     let last = receiver.borrow_and_update().clone();
     assert_eq!((last.status, last.steps), (Status::Succeeded, 4));
     // And a receiver that follows every change ends on it too.
-    let late = executor
-        .submit::<CounterState>(Counter::named("q"))
-        .await
-        .unwrap();
+    let late = executor.submit(Counter::named("q")).await.unwrap();
     let mut follower = executor.subscribe(late).unwrap();
     let mut seen = Vec::new();
     loop {
@@ -678,7 +649,7 @@ async fn a_value_the_store_refuses_fails_only_its_procedure() {
     .unwrap();
     // Too big from the start: the submit is refused, nothing else happens.
     let huge = Counter::named(&"x".repeat(400));
-    match executor.submit::<CounterState>(huge).await {
+    match executor.submit(huge).await {
         Err(SubmitError::Executor(ExecutorError::Rejected(_))) => {}
         other => panic!("expected a refused submit, got {other:?}"),
     }
@@ -688,7 +659,7 @@ async fn a_value_the_store_refuses_fails_only_its_procedure() {
         data: Vec::new(),
         steps: 0,
     };
-    let id = executor.submit::<GrowState>(grow).await.unwrap();
+    let id = executor.submit(grow).await.unwrap();
     match executor.wait(id).await.unwrap() {
         Outcome::RolledBack(error) => {
             assert!(error.to_string().contains("cannot be stored"), "{error}");
@@ -709,9 +680,6 @@ async fn a_value_the_store_refuses_fails_only_its_procedure() {
         "the outcome `wait` returned is the stored one"
     );
     // The executor goes on.
-    let ok = executor
-        .submit::<CounterState>(Counter::named("small"))
-        .await
-        .unwrap();
+    let ok = executor.submit(Counter::named("small")).await.unwrap();
     assert_eq!(executor.wait(ok).await.unwrap(), Outcome::Succeeded);
 }

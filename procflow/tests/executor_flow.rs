@@ -76,7 +76,7 @@ async fn failures_past_a_point_of_no_return_are_retried_not_rolled_back(store: T
     // More fatal failures than the retry budget (5): past the point of no return the
     // budget does not apply.
     let id = executor
-        .submit::<CommitState>(Commit {
+        .submit(Commit {
             publish_failures: 8,
             reserve_fails: false,
         })
@@ -91,7 +91,7 @@ async fn fatal_error_before_the_point_of_no_return_rolls_back(store: TestStore) 
     let ledger = Ledger::default();
     let executor = commit_executor(&store, &ledger).await;
     let id = executor
-        .submit::<CommitState>(Commit {
+        .submit(Commit {
             publish_failures: 0,
             reserve_fails: true,
         })
@@ -128,7 +128,7 @@ impl LoopStateHandlers for Loop {
 async fn step_cycle_is_fatal(store: TestStore) {
     let ledger = Ledger::default();
     let executor = commit_executor(&store, &ledger).await;
-    let id = executor.submit::<LoopState>(Loop).await.unwrap();
+    let id = executor.submit(Loop).await.unwrap();
     let outcome = executor.wait(id).await.unwrap();
     assert_eq!(
         outcome,
@@ -196,7 +196,7 @@ async fn yielding_procedures_interleave_and_keep_their_order(store: TestStore) {
             name: name.into(),
             yielded: Vec::new(),
         };
-        ids.push(executor.submit::<TurnsState>(turns).await.unwrap());
+        ids.push(executor.submit(turns).await.unwrap());
     }
     for id in ids {
         assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);

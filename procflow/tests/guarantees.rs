@@ -283,7 +283,7 @@ async fn p01_failing_child_stops_running_siblings_and_all_are_undone_before_the_
         ],
         ..Tree::default()
     };
-    let id = executor.submit::<TreeState>(tree).await.unwrap();
+    let id = executor.submit(tree).await.unwrap();
     let Outcome::RolledBack(error) = outcome(&executor, id).await else {
         panic!("the tree must roll back");
     };
@@ -331,7 +331,7 @@ async fn p02_retention_keeps_grandchildren_of_a_live_root_for_its_rollback() {
         hold: true,
         fail_after_hold: true,
     };
-    let id = executor.submit::<TreeState>(tree).await.unwrap();
+    let id = executor.submit(tree).await.unwrap();
     status_is(&executor, id, |s| matches!(s, Status::Suspended { .. })).await;
     // Child and grandchild have finished; several retention periods pass.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -361,7 +361,7 @@ async fn p02_a_child_missing_for_undo_fails_the_parent_naming_it() {
         hold: true,
         fail_after_hold: true,
     };
-    let id = executor.submit::<TreeState>(tree).await.unwrap();
+    let id = executor.submit(tree).await.unwrap();
     status_is(&executor, id, |s| matches!(s, Status::Suspended { .. })).await;
     let child = executor
         .list()
@@ -400,10 +400,7 @@ async fn p03_deadline_ends_a_procedure_waiting_for_an_event() {
         suspend_at: Some(2),
         ..Counter::named("p")
     };
-    let id = executor
-        .submit_with::<CounterState>(counter, within(200))
-        .await
-        .unwrap();
+    let id = executor.submit_with(counter, within(200)).await.unwrap();
     times_out(&executor, id).await;
 }
 
@@ -419,10 +416,7 @@ async fn p03_deadline_ends_a_procedure_waiting_for_children() {
         }],
         ..Tree::default()
     };
-    let id = executor
-        .submit_with::<TreeState>(tree, within(200))
-        .await
-        .unwrap();
+    let id = executor.submit_with(tree, within(200)).await.unwrap();
     times_out(&executor, id).await;
     assert_eq!(ledger.count("never undo start"), 1, "{:?}", ledger.events());
 }
@@ -437,17 +431,14 @@ async fn p03_deadline_ends_a_procedure_waiting_for_a_lock() {
         gate: true,
         ..Locker::default()
     };
-    let holder = executor.submit::<LockerState>(holder).await.unwrap();
+    let holder = executor.submit(holder).await.unwrap();
     status_is(&executor, holder, |s| matches!(s, Status::Suspended { .. })).await;
     let waiter = Locker {
         name: "waiter".into(),
         key: "t".into(),
         ..Locker::default()
     };
-    let waiter = executor
-        .submit_with::<LockerState>(waiter, within(200))
-        .await
-        .unwrap();
+    let waiter = executor.submit_with(waiter, within(200)).await.unwrap();
     times_out(&executor, waiter).await;
     assert_eq!(ledger.count("waiter enter"), 0, "it never held the lock");
     assert_eq!(executor.lock_waiters(), [], "its request left the queue");
@@ -468,10 +459,10 @@ async fn p03_deadline_ends_a_procedure_queued_for_a_running_slot() {
         suspend_at: Some(1),
         ..Counter::named("busy")
     };
-    let busy = executor.submit::<CounterState>(busy).await.unwrap();
+    let busy = executor.submit(busy).await.unwrap();
     status_is(&executor, busy, |s| matches!(s, Status::Suspended { .. })).await;
     let queued = executor
-        .submit_with::<CounterState>(Counter::named("queued"), within(200))
+        .submit_with(Counter::named("queued"), within(200))
         .await
         .unwrap();
     times_out(&executor, queued).await;
@@ -489,10 +480,7 @@ async fn p04_timeout_cancels_the_running_step_and_undoes_its_state() {
         slow_ms: 60_000,
         ..Counter::named("p")
     };
-    let id = executor
-        .submit_with::<CounterState>(counter, within(200))
-        .await
-        .unwrap();
+    let id = executor.submit_with(counter, within(200)).await.unwrap();
     times_out(&executor, id).await;
     // Step 1 was cut off mid-handler: it may have acted, so it is undone.
     assert_eq!(ledger.count("p rollback 1"), 1, "{:?}", ledger.events());
@@ -506,10 +494,7 @@ async fn p04_timeout_undoes_a_suspended_rollback_state() {
         suspend_at: Some(3),
         ..Counter::named("p")
     };
-    let id = executor
-        .submit_with::<CounterState>(counter, within(300))
-        .await
-        .unwrap();
+    let id = executor.submit_with(counter, within(300)).await.unwrap();
     times_out(&executor, id).await;
     let rollbacks: Vec<_> = ledger
         .events()
@@ -536,7 +521,7 @@ async fn p05_for_life_locks_are_restored_before_a_lower_id_waiter_runs() {
         per_step: true,
         gate: true,
     };
-    let waiter = executor.submit::<LockerState>(waiter).await.unwrap();
+    let waiter = executor.submit(waiter).await.unwrap();
     status_is(&executor, waiter, |s| matches!(s, Status::Suspended { .. })).await;
     // The holder, second: holds `t` for life, suspended.
     let holder = Locker {
@@ -545,7 +530,7 @@ async fn p05_for_life_locks_are_restored_before_a_lower_id_waiter_runs() {
         gate: true,
         ..Locker::default()
     };
-    let holder = executor.submit::<LockerState>(holder).await.unwrap();
+    let holder = executor.submit(holder).await.unwrap();
     status_is(&executor, holder, |s| matches!(s, Status::Suspended { .. })).await;
     // The waiter may go on: it queues behind the holder.
     ledger.push("waiter go");
@@ -619,7 +604,7 @@ async fn p06_a_refused_write_ends_the_procedure_durably_before_its_locks_go() {
     let ledger = Ledger::default();
     let executor = start(&store, &ledger).await;
     let id = executor
-        .submit::<GrowState>(Grow {
+        .submit(Grow {
             data: Vec::new(),
             steps: 0,
         })
@@ -650,7 +635,7 @@ async fn p06_a_procedure_whose_rollback_cannot_be_stored_stays_stuck_holding_its
     let ledger = Ledger::default();
     let executor = start(&store, &ledger).await;
     let id = executor
-        .submit::<GrowState>(Grow {
+        .submit(Grow {
             data: Vec::new(),
             steps: 0,
         })
@@ -679,7 +664,7 @@ async fn p07_a_wake_right_after_a_restart_reaches_suspended_procedures() {
         suspend_at: Some(2),
         ..Counter::named("p")
     };
-    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    let id = executor.submit(counter).await.unwrap();
     status_is(&executor, id, |s| matches!(s, Status::Suspended { .. })).await;
     executor.shutdown().await.unwrap();
 
@@ -722,7 +707,7 @@ impl WatchStateHandlers for Watch {
 async fn p08_a_wake_while_the_step_runs_is_not_lost_when_it_then_suspends() {
     let ledger = Ledger::default();
     let executor = start(&TestStore::memory(), &ledger).await;
-    let id = executor.submit::<WatchState>(Watch).await.unwrap();
+    let id = executor.submit(Watch).await.unwrap();
     while !ledger.events().contains(&"checked".to_owned()) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -742,7 +727,7 @@ async fn p08_a_wake_is_durable_once_wake_returns() {
         suspend_at: Some(2),
         ..Counter::named("p")
     };
-    let id = executor.submit::<CounterState>(counter).await.unwrap();
+    let id = executor.submit(counter).await.unwrap();
     status_is(&executor, id, |s| matches!(s, Status::Suspended { .. })).await;
     ledger.push("p woken");
     assert_eq!(executor.wake("p").await.unwrap(), 1);
@@ -806,13 +791,13 @@ async fn p09_a_dropped_submit_never_makes_a_second_procedure_for_its_nonce() {
     // The caller gives up while the write is in flight.
     let dropped = tokio::time::timeout(
         Duration::from_millis(30),
-        executor.submit_with::<CounterState>(Counter::named("p"), options.clone()),
+        executor.submit_with(Counter::named("p"), options.clone()),
     )
     .await;
     assert!(dropped.is_err(), "the submit was still writing");
     // Its retry, with the same nonce.
     let id = executor
-        .submit_with::<CounterState>(Counter::named("p"), options)
+        .submit_with(Counter::named("p"), options)
         .await
         .unwrap();
     assert_eq!(outcome(&executor, id).await, Outcome::Succeeded);
@@ -837,11 +822,8 @@ async fn p10_ids_are_never_reused_after_a_refused_batch_and_a_restart() {
         .unwrap();
     // Refused: it carried the first id reservation.
     let huge = Counter::named(&"x".repeat(400));
-    assert!(executor.submit::<CounterState>(huge).await.is_err());
-    let first = executor
-        .submit::<CounterState>(Counter::named("a"))
-        .await
-        .unwrap();
+    assert!(executor.submit(huge).await.is_err());
+    let first = executor.submit(Counter::named("a")).await.unwrap();
     assert_eq!(outcome(&executor, first).await, Outcome::Succeeded);
     // Retention deletes it: nothing in the store shows its id was used.
     while !store.store.list().await.unwrap().is_empty() {
@@ -849,10 +831,7 @@ async fn p10_ids_are_never_reused_after_a_refused_batch_and_a_restart() {
     }
     executor.shutdown().await.unwrap();
     let executor = builder(&store, &ledger, config).start().await.unwrap();
-    let next = executor
-        .submit::<CounterState>(Counter::named("b"))
-        .await
-        .unwrap();
+    let next = executor.submit(Counter::named("b")).await.unwrap();
     assert!(next > first, "id {next:?} handed out again after {first:?}");
 }
 
@@ -895,7 +874,7 @@ impl PonrStateHandlers for Ponr {
 async fn p11_a_fatal_error_past_the_point_of_no_return_is_reported_stuck() {
     let ledger = Ledger::default();
     let executor = start(&TestStore::memory(), &ledger).await;
-    let id = executor.submit::<PonrState>(Ponr).await.unwrap();
+    let id = executor.submit(Ponr).await.unwrap();
     status_is(&executor, id, |s| matches!(s, Status::Stuck { .. })).await;
     let Some(Status::Stuck {
         error, attempts, ..

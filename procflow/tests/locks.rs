@@ -146,19 +146,13 @@ async fn lock_held_for_life_excludes_until_the_end(store: TestStore) {
     let ledger = Ledger::default();
     let executor = start(&store, &ledger).await;
     let p1 = executor
-        .submit::<HolderState>(Holder::new("p1-fails", &["A"]).blocking())
+        .submit(Holder::new("p1-fails", &["A"]).blocking())
         .await
         .unwrap();
     suspended(&executor, p1).await;
-    let p2 = executor
-        .submit::<HolderState>(Holder::new("p2", &["A"]))
-        .await
-        .unwrap();
+    let p2 = executor.submit(Holder::new("p2", &["A"])).await.unwrap();
     status(&executor, p2, Status::WaitingForLock).await;
-    let p3 = executor
-        .submit::<HolderState>(Holder::new("p3", &["B"]))
-        .await
-        .unwrap();
+    let p3 = executor.submit(Holder::new("p3", &["B"])).await.unwrap();
     assert_eq!(executor.wait(p3).await.unwrap(), Outcome::Succeeded);
     assert_eq!(executor.lock_waiters(), [p2]);
     assert_eq!(ledger.count("p2 work"), 0);
@@ -188,7 +182,7 @@ async fn child_takes_a_lock_its_parent_holds(store: TestStore) {
         child_keys: vec!["ns/t1/r1".into(), "ns/t1".into()],
         ..Holder::new("parent", &["ns/t1"])
     };
-    let id = executor.submit::<HolderState>(parent).await.unwrap();
+    let id = executor.submit(parent).await.unwrap();
     let outcome = tokio::time::timeout(std::time::Duration::from_secs(10), executor.wait(id))
         .await
         .expect("no deadlock");
@@ -203,16 +197,13 @@ async fn per_step_locks_are_free_between_steps(store: TestStore) {
         per_step: true,
         ..Holder::new("p1", &["A"]).blocking()
     };
-    let p1 = executor.submit::<HolderState>(p1).await.unwrap();
+    let p1 = executor.submit(p1).await.unwrap();
     suspended(&executor, p1).await;
     eventually("p1 releases A while suspended", || {
         executor.held_locks().is_empty()
     })
     .await;
-    let p2 = executor
-        .submit::<HolderState>(Holder::new("p2", &["A"]))
-        .await
-        .unwrap();
+    let p2 = executor.submit(Holder::new("p2", &["A"])).await.unwrap();
     assert_eq!(executor.wait(p2).await.unwrap(), Outcome::Succeeded);
     ledger.push("p1 go");
     executor.wake("p1").await.unwrap();
@@ -223,7 +214,7 @@ async fn invalid_lock_key_fails_before_the_first_step(store: TestStore) {
     let ledger = Ledger::default();
     let executor = start(&store, &ledger).await;
     let id = executor
-        .submit::<HolderState>(Holder::new("bad", &["ns//t1"]))
+        .submit(Holder::new("bad", &["ns//t1"]))
         .await
         .unwrap();
     let Outcome::RolledBack(error) = executor.wait(id).await.unwrap() else {
@@ -237,7 +228,7 @@ async fn locks_are_taken_again_after_a_restart(store: TestStore) {
     let ledger = Ledger::default();
     let executor = start(&store, &ledger).await;
     let p1 = executor
-        .submit::<HolderState>(Holder::new("p1", &["A"]).blocking())
+        .submit(Holder::new("p1", &["A"]).blocking())
         .await
         .unwrap();
     suspended(&executor, p1).await;
@@ -252,10 +243,7 @@ async fn locks_are_taken_again_after_a_restart(store: TestStore) {
         executor.state(p1).unwrap().status,
         Status::Suspended { .. }
     ));
-    let p2 = executor
-        .submit::<HolderState>(Holder::new("p2", &["A"]))
-        .await
-        .unwrap();
+    let p2 = executor.submit(Holder::new("p2", &["A"])).await.unwrap();
     status(&executor, p2, Status::WaitingForLock).await;
     ledger.push("p1 go");
     executor.wake("p1").await.unwrap();

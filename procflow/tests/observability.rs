@@ -41,16 +41,13 @@ async fn spans_counters_and_step_latency() {
         .start()
         .await
         .unwrap();
-    let ok = executor
-        .submit::<CounterState>(Counter::named("ok"))
-        .await
-        .unwrap();
+    let ok = executor.submit(Counter::named("ok")).await.unwrap();
     let failing = Counter {
         fail_at: Some(2),
         fatal: true,
         ..Counter::named("bad")
     };
-    let bad = executor.submit::<CounterState>(failing).await.unwrap();
+    let bad = executor.submit(failing).await.unwrap();
     assert_eq!(executor.wait(ok).await.unwrap(), Outcome::Succeeded);
     assert!(matches!(
         executor.wait(bad).await.unwrap(),

@@ -149,7 +149,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             done: 0,
         };
         let options = SubmitOptions::default().nonce(format!("chain-{index}"));
-        ids.push(executor.submit_with::<ChainState>(chain, options).await?);
+        ids.push(executor.submit_with(chain, options).await?);
     }
     let mut succeeded = 0;
     for id in &ids {

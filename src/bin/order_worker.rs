@@ -842,7 +842,7 @@ async fn submit(executor: &Executor<Shop>, order: &Order) -> Result<ProcedureId,
         data.declare_lock = false;
     }
     executor
-        .submit_with::<OrderState>(data, options)
+        .submit_with(data, options)
         .await
         .map_err(|e| format!("submit {}: {e}", order.name))
 }

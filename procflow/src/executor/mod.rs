@@ -35,7 +35,7 @@
 //! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! let store = Arc::new(MemStore::new());
 //! let executor = Executor::builder(store, ()).register::<GreetState>().start().await?;
-//! let id = executor.submit::<GreetState>(Greet { name: "ada".into() }).await?;
+//! let id = executor.submit(Greet { name: "ada".into() }).await?;
 //! assert_eq!(executor.wait(id).await?, Outcome::Succeeded);
 //! assert_eq!(executor.state(id).unwrap().steps, 1);
 //! executor.shutdown().await?;
@@ -63,7 +63,7 @@ pub use hooks::{KillHook, StoreWrite, WriteKind, WritePoint};
 pub use status::{Outcome, ProcedureInfo, Status, Unloadable};
 
 use crate::locks::Lock;
-use crate::{Error, ProcedureId, StateMachine};
+use crate::{Error, Procedure, ProcedureId, StateMachine};
 use inner::{Inner, Mode};
 use procflow_store::Store;
 use std::sync::Arc;
@@ -143,8 +143,12 @@ impl<E: Send + Sync + 'static> Executor<E> {
         &self.inner.env
     }
 
-    /// Starts a procedure of machine `M` at its initial state. Returns once the procedure
-    /// is durable in the store.
+    /// Starts a procedure at its machine's initial state. Returns once the procedure is
+    /// durable in the store.
+    ///
+    /// The machine is inferred from the procedure's type (the derive implements
+    /// [`Procedure`] on it): `executor.submit(CreateTable { .. })`. To
+    /// name the machine at the call site, use [`submit_as`](Self::submit_as).
     ///
     /// # Errors
     ///
@@ -157,12 +161,30 @@ impl<E: Send + Sync + 'static> Executor<E> {
     /// task of the executor that dropping this future does not cancel: a dropped submit
     /// either never happened or runs, and only its id is lost to the caller (a nonce finds
     /// it again).
-    pub async fn submit<M: StateMachine<Env = E>>(
-        &self,
-        procedure: M::Procedure,
-    ) -> Result<ProcedureId, SubmitError> {
-        self.submit_with::<M>(procedure, SubmitOptions::default())
-            .await
+    pub async fn submit<P, M>(&self, procedure: P) -> Result<ProcedureId, SubmitError>
+    where
+        P: Procedure<Machine = M>,
+        M: StateMachine<Env = E, Procedure = P>,
+    {
+        self.submit_with(procedure, SubmitOptions::default()).await
+    }
+
+    /// [`submit`](Self::submit) with the machine named: `executor.submit_as::<JobState>(job)`.
+    /// The same call, for readers who want the machine at the call site and for generic
+    /// code that holds an `M` rather than a procedure type.
+    ///
+    /// # Errors
+    ///
+    /// As [`submit`](Self::submit).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`submit`](Self::submit).
+    pub async fn submit_as<M>(&self, procedure: M::Procedure) -> Result<ProcedureId, SubmitError>
+    where
+        M: StateMachine<Env = E>,
+    {
+        self.submit(procedure).await
     }
 
     /// [`submit`](Self::submit) with a nonce and/or a timeout.
@@ -177,11 +199,15 @@ impl<E: Send + Sync + 'static> Executor<E> {
     /// # Cancel safety
     ///
     /// As [`submit`](Self::submit).
-    pub async fn submit_with<M: StateMachine<Env = E>>(
+    pub async fn submit_with<P, M>(
         &self,
-        procedure: M::Procedure,
+        procedure: P,
         options: SubmitOptions,
-    ) -> Result<ProcedureId, SubmitError> {
+    ) -> Result<ProcedureId, SubmitError>
+    where
+        P: Procedure<Machine = M>,
+        M: StateMachine<Env = E, Procedure = P>,
+    {
         submit::submit::<M, E>(&self.inner, procedure, options).await
     }
 

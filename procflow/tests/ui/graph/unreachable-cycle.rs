@@ -1,0 +1,20 @@
+use procflow::prelude::*;
+
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Job)]
+enum JobState {
+    #[initial]
+    #[transition(to = [Done])]
+    Start,
+    #[transition(to = [Pong])]
+    Ping,
+    #[transition(to = [Ping])]
+    Pong,
+    #[terminal]
+    Done,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Job;
+
+fn main() {}

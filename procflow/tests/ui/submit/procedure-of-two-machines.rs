@@ -1,0 +1,38 @@
+use procflow::prelude::*;
+
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Job)]
+enum JobState {
+    #[initial]
+    #[transition(to = [Done])]
+    Start,
+    #[terminal]
+    Done,
+}
+
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Job, name = "other")]
+enum OtherState {
+    #[initial]
+    #[transition(to = [Done])]
+    Start,
+    #[terminal]
+    Done,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Job;
+
+impl JobStateHandlers for Job {
+    async fn start(&mut self, _: &Context<()>) -> Step<job_state::Start> {
+        Ok(job_state::Start::Done.into())
+    }
+}
+
+impl OtherStateHandlers for Job {
+    async fn start(&mut self, _: &Context<()>) -> Step<other_state::Start> {
+        Ok(other_state::Start::Done.into())
+    }
+}
+
+fn main() {}
