@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Counter, CounterState, Ledger, TestStore, test_config};
+use common::{Counter, CounterState, Grow, GrowState, Ledger, TestStore, test_config};
 use procflow::ProcedureId;
 use procflow::executor::{
     Config, Executor, ExecutorError, Outcome, ProcedureInfo, Status, SubmitError, SubmitOptions,
@@ -590,42 +590,6 @@ async fn subscription_sees_the_terminal_state(store: TestStore) {
     );
 }
 
-/// Grows by 100 bytes a step.
-#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
-#[state_machine(procedure = Grow, env = Ledger)]
-enum GrowState {
-    #[initial]
-    #[transition(to = [Grow, Done])]
-    Grow,
-    #[terminal]
-    Done,
-}
-
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Grow {
-    data: Vec<u8>,
-    steps: u32,
-}
-
-impl GrowStateHandlers for Grow {
-    async fn grow(&mut self, ctx: &Context<Ledger>) -> Step<grow_state::Grow> {
-        ctx.env().push("grow");
-        self.steps += 1;
-        // 100 bytes, then 400 more: the second step's state is refused at once, and the
-        // rollback's record (the first step's state and the error) still fits.
-        self.data.extend(std::iter::repeat_n(
-            7,
-            100 * self.steps as usize * self.steps as usize,
-        ));
-        Ok(if self.steps < 10 {
-            grow_state::Grow::Grow
-        } else {
-            grow_state::Grow::Done
-        }
-        .into())
-    }
-}
-
 /// A store that refuses big values (etcd refuses requests over ~1.5 MiB): the refusal
 /// fails the one procedure (or submit) concerned, never the executor.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -655,10 +619,7 @@ async fn a_value_the_store_refuses_fails_only_its_procedure() {
     }
     // Fits at first, outgrows the limit at its second step: it rolls back from its last
     // stored step, durably (the store says it ended: no restart resumes it).
-    let grow = Grow {
-        data: Vec::new(),
-        steps: 0,
-    };
+    let grow = Grow::new();
     let id = executor.submit(grow).await.unwrap();
     match executor.wait(id).await.unwrap() {
         Outcome::RolledBack(error) => {

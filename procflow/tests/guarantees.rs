@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Counter, CounterState, Ledger, TestStore, test_config};
+use common::{Counter, CounterState, Grow, GrowState, Ledger, TestStore, test_config};
 use procflow::ProcedureId;
 use procflow::executor::{Config, Executor, Outcome, Status, SubmitOptions};
 use procflow::locks::{Lock, LockKeyError, Locks};
@@ -560,36 +560,6 @@ async fn p05_for_life_locks_are_restored_before_a_lower_id_waiter_runs() {
 // ---------------------------------------------------------------------------------------
 // 6. A write the store refuses: the outcome `wait` returns is the stored one.
 
-/// Grows its data 100 × n² bytes at step n, holding a lock for life.
-#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
-#[state_machine(procedure = Grow, env = Ledger)]
-enum GrowState {
-    #[initial]
-    #[transition(to = [Grow, Done])]
-    Grow,
-    #[terminal]
-    Done,
-}
-
-#[derive(Serialize, Deserialize)]
-struct Grow {
-    data: Vec<u8>,
-    steps: u32,
-}
-
-impl GrowStateHandlers for Grow {
-    async fn grow(&mut self, ctx: &Context<Ledger>) -> Step<grow_state::Grow> {
-        ctx.env().push("grow");
-        self.steps += 1;
-        let more = 100 * self.steps as usize * self.steps as usize;
-        self.data.extend(std::iter::repeat_n(7, more));
-        Ok(grow_state::Grow::Grow.into())
-    }
-    fn locks(&self) -> Result<Locks, LockKeyError> {
-        Ok(Locks::new([Lock::exclusive("grow")?]))
-    }
-}
-
 fn limited_store(max_value_bytes: usize) -> TestStore {
     let limits = Limits {
         max_ops_per_batch: None,
@@ -603,13 +573,7 @@ async fn p06_a_refused_write_ends_the_procedure_durably_before_its_locks_go() {
     let store = limited_store(400);
     let ledger = Ledger::default();
     let executor = start(&store, &ledger).await;
-    let id = executor
-        .submit(Grow {
-            data: Vec::new(),
-            steps: 0,
-        })
-        .await
-        .unwrap();
+    let id = executor.submit(Grow::new()).await.unwrap();
     let Outcome::RolledBack(error) = outcome(&executor, id).await else {
         panic!("expected a rollback");
     };
@@ -634,13 +598,7 @@ async fn p06_a_procedure_whose_rollback_cannot_be_stored_stays_stuck_holding_its
     let store = limited_store(190);
     let ledger = Ledger::default();
     let executor = start(&store, &ledger).await;
-    let id = executor
-        .submit(Grow {
-            data: Vec::new(),
-            steps: 0,
-        })
-        .await
-        .unwrap();
+    let id = executor.submit(Grow::new()).await.unwrap();
     status_is(&executor, id, |s| matches!(s, Status::Stuck { .. })).await;
     let stored = store.store.get(id.get()).await.unwrap().unwrap();
     assert!(!stored.finished);

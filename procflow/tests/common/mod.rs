@@ -169,6 +169,51 @@ impl CounterStateHandlers for Counter {
     }
 }
 
+/// Grows its data by 100 × n² bytes at step n (100, then 400 more: the second step's
+/// state is over a small store limit at once, while the first still fits), up to ten
+/// steps, holding an exclusive lock `grow` for life. For stores that refuse big values.
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Grow, env = Ledger)]
+pub enum GrowState {
+    #[initial]
+    #[transition(to = [Grow, Done])]
+    Grow,
+    #[terminal]
+    Done,
+}
+
+#[derive(Serialize, Deserialize, Default)]
+pub struct Grow {
+    pub data: Vec<u8>,
+    pub steps: u32,
+}
+
+impl Grow {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl GrowStateHandlers for Grow {
+    async fn grow(&mut self, ctx: &Context<Ledger>) -> Step<grow_state::Grow> {
+        ctx.env().push("grow");
+        self.steps += 1;
+        let more = 100 * self.steps as usize * self.steps as usize;
+        self.data.extend(std::iter::repeat_n(7, more));
+        Ok(if self.steps < 10 {
+            grow_state::Grow::Grow
+        } else {
+            grow_state::Grow::Done
+        }
+        .into())
+    }
+    fn locks(&self) -> Result<procflow::locks::Locks, procflow::locks::LockKeyError> {
+        Ok(procflow::locks::Locks::new([
+            procflow::locks::Lock::exclusive("grow")?,
+        ]))
+    }
+}
+
 /// A quick retry policy for tests.
 pub fn fast_retries(max_attempts: u32) -> RetryPolicy {
     RetryPolicy {
