@@ -63,6 +63,15 @@ impl<'a> Machine<'a> {
         })
     }
 
+    /// The generated module holding each state's targets: `module = ".."`, else the
+    /// enum's name in snake case.
+    pub fn targets_module(&self) -> Ident {
+        self.attrs
+            .module
+            .clone()
+            .unwrap_or_else(|| crate::names::targets_module(self.ident))
+    }
+
     pub fn state(&self, ident: &Ident) -> Option<&State<'a>> {
         self.states.iter().find(|s| s.ident == ident)
     }

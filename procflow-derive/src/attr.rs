@@ -5,7 +5,7 @@ use syn::parse::ParseStream;
 use syn::{Attribute, Ident, LitInt, LitStr, Path, Token, Type, bracketed, punctuated::Punctuated};
 
 /// The keys `#[state_machine(..)]` accepts, for the "unknown key" message.
-const MACHINE_KEYS: &str = "`procedure`, `name`, `env`, `max_repeats`, `crate`";
+const MACHINE_KEYS: &str = "`procedure`, `name`, `env`, `max_repeats`, `module`, `crate`";
 /// The attributes procflow reads on a variant.
 const STATE_ATTRS: [&str; 6] = [
     "initial",
@@ -30,6 +30,9 @@ pub struct MachineAttrs {
     pub max_repeats: Option<u32>,
     /// `crate = "path"`: where generated code finds procflow.
     pub krate: Option<Path>,
+    /// `module = "name"`: the name of the generated targets module, for when the default
+    /// (`job_state` for `JobState`) is taken by another item.
+    pub module: Option<Ident>,
 }
 
 /// procflow's attributes on one variant. Flags keep the attribute path they came from, so
@@ -98,6 +101,10 @@ pub fn machine_attrs(cx: &Ctxt, attrs: &[Attribute]) -> MachineAttrs {
                     Some(Ok(value)) => set_once(cx, key, &mut out.max_repeats, value),
                     Some(Err(error)) => cx.push(error),
                     None => {}
+                }
+            } else if key.is_ident("module") {
+                if let Some(module) = recover(cx, &meta, parse_module(&meta))? {
+                    set_once(cx, key, &mut out.module, module);
                 }
             } else if key.is_ident("crate") {
                 if let Some(path) = recover(cx, &meta, parse_crate(&meta))? {
@@ -367,6 +374,27 @@ fn parse_crate(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<Path> {
         syn::Error::new_spanned(
             &lit,
             "expected a path to procflow, like `crate = \"pf\"` or `crate = \"my_sdk::procflow\"`",
+        )
+    })
+}
+
+fn parse_module(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<Ident> {
+    let value = meta.value()?;
+    let Ok(lit) = value.parse::<LitStr>() else {
+        return Err(value.error("expected the module's name as a string: `module = \"job_steps\"`"));
+    };
+    lit.parse::<Ident>().map_err(|_| {
+        let fixed: String = lit
+            .value()
+            .chars()
+            .map(|c| if c.is_alphanumeric() { c } else { '_' })
+            .collect();
+        syn::Error::new_spanned(
+            &lit,
+            format_args!(
+                "a module name is one identifier: `module = \"{}\"`",
+                fixed.trim_matches('_')
+            ),
         )
     })
 }

@@ -1,16 +1,18 @@
 //! The attributes of `#[derive(StateMachine)]`, each with an example.
 //!
 //! The derive goes on a fieldless, non-generic enum whose variants are the states, which
-//! also derives `Clone, Copy, Debug, PartialEq, Eq` (the runtime copies, compares and logs
-//! states; a missing one is an error naming all five). It generates, next to the enum
-//! `FooState`:
+//! also derives `Clone, Copy, Debug, PartialEq, Eq`: write
+//! `#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]`. The runtime copies,
+//! compares and logs states; missing derives are one error naming all five. The procedure
+//! type must be `'static + Send + Serialize + DeserializeOwned`; what it lacks is one error
+//! on `procedure = T`. The derive generates, next to the enum `FooState`:
 //!
 //! - `trait FooStateHandlers`: one `async fn snake_case_state(&mut self, ctx)` per
 //!   non-terminal state and one `async fn rollback_snake_case_state` per `#[rollback]`
 //!   state, to implement on the procedure type. A missing method is rustc's "not all
 //!   trait items implemented" on your `impl`.
-//! - `mod foo_state`: one enum per non-terminal state, holding exactly the states its
-//!   `#[transition]` declares. The handler of state `A` returns
+//! - `mod foo_state` (or the name given by `module = ".."`): one enum per non-terminal
+//!   state, holding exactly the states its `#[transition]` declares. The handler of state `A` returns
 //!   [`Step<foo_state::A>`](crate::Step); any other target does not compile.
 //! - `impl StateMachine for FooState`: metadata consts and the dispatch the runtime calls.
 //! - `impl Procedure for T` on the `procedure = T` type, so
@@ -18,6 +20,12 @@
 //!
 //! Generated names are valid in every edition: a state `Gen` gets handler `r#gen`, `Crate`
 //! gets `crate_`, and a raw `r#type` gets `r#type` (stored and drawn as `type`).
+//!
+//! The generated `FooStateHandlers` and `foo_state` live next to the enum. If another item
+//! there already has one of these names (your own `mod foo_state`, or a second machine
+//! `FOOState` whose snake case is also `foo_state`), rustc reports "the name `foo_state` is
+//! defined multiple times"; give the generated module another name with
+//! `#[state_machine(module = "foo_steps")]`.
 //!
 //! # On the enum: `#[state_machine(..)]`
 //!
@@ -27,6 +35,7 @@
 //! | `name = "text"` | no | the stable type name written to the store; default: the procedure type's name. Changing it orphans stored procedures |
 //! | `env = Type` | no | the environment handlers receive through [`Context::env`](crate::Context::env); default `()` |
 //! | `max_repeats = N` | no | how often any state may be re-entered before the step fails with [`Error::StepCycle`](crate::Error::StepCycle); default [`DEFAULT_MAX_REPEATS`](crate::DEFAULT_MAX_REPEATS) |
+//! | `module = "name"` | no | the name of the generated targets module; default: the enum's name in snake case (`foo_state`). Use it when that name is taken |
 //! | `crate = "path"` | no | where generated code finds procflow when it is re-exported by another crate (`crate = "my_sdk::procflow"`). A renamed dependency needs nothing: the name is read from your `Cargo.toml` |
 //!
 //! ```

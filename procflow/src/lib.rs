@@ -114,6 +114,7 @@ mod id;
 mod instance;
 pub mod locks;
 mod machine;
+mod probe;
 mod stepper;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -128,7 +129,7 @@ pub use flow::{Child, Flow, Step};
 pub use id::ProcedureId;
 pub use machine::{DEFAULT_MAX_REPEATS, Procedure, StateInfo, StateMachine};
 #[doc(hidden)]
-pub use machine::{HandlerFuture, MachineDerives, NoRollback, ProcedureData, RollbackUndeclared};
+pub use machine::{HandlerFuture, NoRollback, ProcedureData, RollbackUndeclared};
 pub use stepper::{StepReport, Stepper};
 
 /// Derives [`StateMachine`] for an enum of states; see [`attributes`] for every attribute.
@@ -148,7 +149,11 @@ pub mod prelude {
 pub mod __private {
     pub use crate::locks::{LockKeyError, Locks};
     pub use crate::{
-        Context, DEFAULT_MAX_REPEATS, Error, Flow, HandlerFuture, MachineDerives, NoRollback,
-        Procedure, ProcedureData, RollbackUndeclared, StateInfo, StateMachine, Step,
+        Context, DEFAULT_MAX_REPEATS, Error, Flow, HandlerFuture, NoRollback, Procedure,
+        ProcedureData, RollbackUndeclared, StateInfo, StateMachine, Step,
     };
+    /// The probes behind "this enum lacks some derives" (one error naming all five).
+    pub mod probe {
+        pub use crate::probe::*;
+    }
 }

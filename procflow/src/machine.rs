@@ -83,9 +83,9 @@ pub struct NoRollback;
 
 impl<S> RollbackUndeclared<S> for NoRollback {}
 
-/// What the runtime needs of a procedure type, checked once on the user's
-/// `procedure = T` so that a borrowed, non-`Send` or non-serializable type is one error
-/// saying all of it.
+/// What the runtime needs of a procedure type. The derived impl assumes it (so a type
+/// lacking it is not reported again on every use); the derive's probe (`probe.rs`)
+/// reports what is missing, once, on the user's `procedure = T`.
 #[doc(hidden)]
 #[diagnostic::on_unimplemented(
     message = "the procedure type `{Self}` must be `'static + Send + Serialize + DeserializeOwned`",
@@ -96,18 +96,6 @@ impl<S> RollbackUndeclared<S> for NoRollback {}
 pub trait ProcedureData: Serialize + DeserializeOwned + Send + 'static {}
 
 impl<T: Serialize + DeserializeOwned + Send + 'static> ProcedureData for T {}
-
-/// The derives a machine's enum needs; a missing one is reported with this message,
-/// naming all of them, instead of rustc's one suggestion per trait.
-#[doc(hidden)]
-#[diagnostic::on_unimplemented(
-    message = "a state machine enum needs `#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]`",
-    label = "`{Self}` lacks some of `Clone, Copy, Debug, PartialEq, Eq`",
-    note = "the runtime copies, compares and logs states: derive all five on `{Self}`"
-)]
-pub trait MachineDerives: Copy + Eq + Debug {}
-
-impl<T: Copy + Eq + Debug> MachineDerives for T {}
 
 /// A state machine whose procedures procflow can run, persist and roll back.
 ///

@@ -205,3 +205,35 @@ async fn a_self_loop_past_its_bound_fails_with_step_cycle_and_rolls_back() {
     assert!(run.procedure().undone);
     assert_eq!(SpinnerState::Start.max_repeats(), 1000, "enum default");
 }
+
+/// The user's own item already has the name the targets module would get (`job_state`).
+mod job_state {
+    pub const OWNED_BY_THE_USER: &str = "user";
+}
+
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Job, module = "job_steps")]
+enum JobState {
+    #[initial]
+    #[transition(to = [Done])]
+    Start,
+    #[terminal]
+    Done,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Job;
+
+impl JobStateHandlers for Job {
+    async fn start(&mut self, _: &Context<()>) -> Step<job_steps::Start> {
+        Ok(job_steps::Start::Done.into())
+    }
+}
+
+#[tokio::test]
+async fn module_renames_the_targets_module_when_its_default_name_is_taken() {
+    let mut run = Stepper::<JobState>::new(Job, ());
+    assert_eq!(run.run().await, &Phase::Succeeded);
+    assert_eq!(run.cursor().state(), JobState::Done);
+    assert_eq!(job_state::OWNED_BY_THE_USER, "user");
+}
