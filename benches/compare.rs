@@ -3,15 +3,16 @@
 //!
 //! ```text
 //! cargo bench --bench compare              # full: 4 s per cell, 1/16/256/1024 concurrent
-//! cargo bench --bench compare -- --quick   # 1 s per cell, 1/16/256 concurrent
+//! cargo bench --bench compare -- --quick   # 1 s per cell, the same concurrencies
 //! ```
 //!
 //! Every workload runs the same ten-step machine with 64 bytes of state
 //! (`compare/machine.rs`) in closed-loop clients: each client runs one procedure to its
 //! end, then the next, for the cell's time. Ratios are throughput ratios to the
 //! baseline measured in the same run (higher is better). The last line is
-//! `summary: single_vs_raw=X wal256_vs_raw=X wal256_vs_redb=X mem_vs_loop=X load_vs_read=X`,
-//! `n/a` for what is not measured yet.
+//! `summary: single_vs_raw=X wal256_vs_raw=X wal256_vs_redb=X mem_vs_loop=X load_vs_read=X
+//! wal1024_vs_mem=X rss_vs_live=X`, `n/a` for what is not measured. `rss_vs_live` is lower
+//! is better; every other ratio higher is better.
 //!
 //! Workloads 5 to 7 (HBase's store workload, restart, disk use after churn) run their own
 //! machines and counts, in `compare/hbase_store.rs`, `restart.rs` and `disk_use.rs`; the
@@ -73,11 +74,8 @@ impl Plan {
         Plan {
             quick,
             cell: Duration::from_millis(if quick { 1000 } else { 4000 }),
-            concurrency: if quick {
-                &[1, 16, 256]
-            } else {
-                &[1, 16, 256, 1024]
-            },
+            // 1024 in both modes: `wal1024_vs_mem` is part of the summary.
+            concurrency: &[1, 16, 256, 1024],
         }
     }
 }
@@ -90,18 +88,22 @@ struct Summary {
     wal256_vs_redb: Option<f64>,
     mem_vs_loop: Option<f64>,
     load_vs_read: Option<f64>,
+    wal1024_vs_mem: Option<f64>,
+    rss_vs_live: Option<f64>,
 }
 
 impl Summary {
     fn line(&self) -> String {
         let show = |ratio: Option<f64>| ratio.map_or("n/a".to_owned(), |r| format!("{r:.2}"));
         format!(
-            "summary: single_vs_raw={} wal256_vs_raw={} wal256_vs_redb={} mem_vs_loop={} load_vs_read={}",
+            "summary: single_vs_raw={} wal256_vs_raw={} wal256_vs_redb={} mem_vs_loop={} load_vs_read={} wal1024_vs_mem={} rss_vs_live={}",
             show(self.single_vs_raw),
             show(self.wal256_vs_raw),
             show(self.wal256_vs_redb),
             show(self.mem_vs_loop),
             show(self.load_vs_read),
+            show(self.wal1024_vs_mem),
+            show(self.rss_vs_live),
         )
     }
 }
@@ -144,9 +146,11 @@ fn main() {
     single_procedure(&interleaved, raw, pool, record, &wal[0], &mut summary);
     concurrency_sweep(raw, &wal, &mut summary);
     let redb = versus_redb(&plan, &runtime, base.path(), &wal, &mut summary);
-    executor_overhead(&plan, &runtime, &mut summary);
+    executor_overhead(&plan, &runtime, &wal, &mut summary);
     hbase_store::run(plan.quick, &runtime, base.path());
-    summary.load_vs_read = Some(restart::run(plan.quick, &runtime, base.path()));
+    let restarted = restart::run(plan.quick, &runtime, base.path());
+    summary.load_vs_read = Some(restarted.load_vs_read);
+    summary.rss_vs_live = Some(restarted.rss_vs_live);
     disk_use::run(plan.quick, &runtime, base.path());
     let procflow = wal.iter().map(|c| (c.clients, c.rate.steps_per_sec()));
     let figures = chart::Throughput {
@@ -464,15 +468,18 @@ fn versus_redb(
     figures
 }
 
-/// Workload 4: the executor on a `MemStore` vs the same handlers driven by hand.
-fn executor_overhead(plan: &Plan, runtime: &Runtime, summary: &mut Summary) {
+/// Workload 4: the executor on a `MemStore` vs the same handlers driven by hand, making
+/// the same writes to a `MemStore` (the baseline of `mem_vs_loop`); the loops that
+/// persist nothing are extra columns. Also `wal1024_vs_mem`: the durable WAL cell of
+/// workload 2 at 1024 over the executor on `MemStore` at 1024, the cost of durability.
+fn executor_overhead(plan: &Plan, runtime: &Runtime, wal: &[WalCell], summary: &mut Summary) {
     println!();
     println!("## (4) executor overhead: executor on MemStore vs a hand-written tokio loop");
     println!();
     println!(
-        "| concurrent | executor steps/s | loop, await point per step | ratio | loop, no await point | ratio | loop persisting each step to a MemStore | ratio |"
+        "| concurrent | executor steps/s | loop persisting each step to a MemStore | ratio | loop, await point per step, no store | ratio | loop, no await point, no store | ratio | durable WAL executor (2) / this |"
     );
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for &clients in plan.concurrency {
         let (executor, yielding, straight, persisting) = runtime.block_on(async {
             let store: Arc<dyn Store> = Arc::new(MemStore::new());
@@ -490,14 +497,22 @@ fn executor_overhead(plan: &Plan, runtime: &Runtime, summary: &mut Summary) {
             straight.steps_per_sec(),
             persisting.steps_per_sec(),
         );
+        let durable = wal
+            .iter()
+            .find(|cell| cell.clients == clients)
+            .map(|cell| cell.rate.steps_per_sec() / e);
+        let durable_text = durable.map_or("n/a".to_owned(), |d| format!("{d:.2}"));
         println!(
-            "| {clients} | {e:.0} | {y:.0} | {:.2} | {s:.0} | {:.2} | {p:.0} | {:.2} |",
+            "| {clients} | {e:.0} | {p:.0} | {:.2} | {y:.0} | {:.2} | {s:.0} | {:.2} | {durable_text} |",
+            e / p,
             e / y,
-            e / s,
-            e / p
+            e / s
         );
         if clients == 256 {
-            summary.mem_vs_loop = Some(e / y);
+            summary.mem_vs_loop = Some(e / p);
+        }
+        if clients == 1024 {
+            summary.wal1024_vs_mem = durable;
         }
     }
 }

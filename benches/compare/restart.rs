@@ -31,6 +31,8 @@ struct Pass {
     open: Duration,
     ready: Duration,
     live: usize,
+    /// The restarted process's resident memory once ready, in bytes.
+    rss: u64,
 }
 
 impl Pass {
@@ -38,11 +40,24 @@ impl Pass {
     fn ratio(&self) -> f64 {
         self.read.as_secs_f64() / self.ready.as_secs_f64()
     }
+
+    /// Resident memory over the live procedures' data, `live` × 1 KiB (lower is better).
+    fn rss_vs_live(&self) -> f64 {
+        self.rss as f64 / (self.live as f64 * parked::STATE_BYTES as f64)
+    }
 }
 
-/// Runs workload 6 in `base/restart`, prints its table and returns `load_vs_read`: the
-/// cold ratio if the page cache can be dropped, else the warm one.
-pub fn run(quick: bool, runtime: &Runtime, base: &Path) -> f64 {
+/// What workload 6 contributes to the summary line.
+pub struct Restarted {
+    /// Cold if the page cache can be dropped, else warm.
+    pub load_vs_read: f64,
+    /// Of the same pass.
+    pub rss_vs_live: f64,
+}
+
+/// Runs workload 6 in `base/restart`, prints its table and returns `load_vs_read` and
+/// `rss_vs_live`: the cold pass's if the page cache can be dropped, else the warm one's.
+pub fn run(quick: bool, runtime: &Runtime, base: &Path) -> Restarted {
     let dir = base.join("restart");
     let n = procedures(quick);
     let generated = Instant::now();
@@ -64,7 +79,11 @@ pub fn run(quick: bool, runtime: &Runtime, base: &Path) -> f64 {
     let warm = measure(&dir, &files, n, false);
     print_table(n, generated, files.len(), bytes, cold.as_ref(), &warm);
     std::fs::remove_dir_all(&dir).expect("remove the restart log");
-    cold.as_ref().unwrap_or(&warm).ratio()
+    let pass = cold.as_ref().unwrap_or(&warm);
+    Restarted {
+        load_vs_read: pass.ratio(),
+        rss_vs_live: pass.rss_vs_live(),
+    }
 }
 
 /// `--cell restart:N`: builds the log of `n` procedures once, then restarts on it five
@@ -75,11 +94,12 @@ pub fn profile(runtime: &Runtime, dir: &Path, n: u64) {
     // The log was written without fsync: write it back now, not during the restarts.
     let _ = std::process::Command::new("sync").status();
     for _ in 0..5 {
-        let (open, ready, live) = load_in_child(dir, n);
+        let (open, ready, live, rss) = load_in_child(dir, n);
         println!(
-            "restart:{n}: open {:.3} s, ready {:.3} s, {live} live",
+            "restart:{n}: open {:.3} s, ready {:.3} s, {live} live, RSS {:.1} MB",
             open.as_secs_f64(),
-            ready.as_secs_f64()
+            ready.as_secs_f64(),
+            rss as f64 / 1e6
         );
     }
 }
@@ -103,9 +123,9 @@ pub fn child_main() -> bool {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let (open, ready, live) = load(&runtime, &dir, n);
+    let (open, ready, live, rss) = load(&runtime, &dir, n);
     println!(
-        "{CHILD_FLAG} {} {} {live}",
+        "{CHILD_FLAG} {} {} {live} {rss}",
         open.as_secs_f64(),
         ready.as_secs_f64()
     );
@@ -113,7 +133,7 @@ pub fn child_main() -> bool {
 }
 
 /// Runs [`load`] in a fresh process: this binary with `--restart-child`.
-fn load_in_child(dir: &Path, n: u64) -> (Duration, Duration, usize) {
+fn load_in_child(dir: &Path, n: u64) -> (Duration, Duration, usize, u64) {
     let exe = std::env::current_exe().expect("the bench binary's path");
     let output = std::process::Command::new(exe)
         .arg(CHILD_FLAG)
@@ -134,6 +154,7 @@ fn load_in_child(dir: &Path, n: u64) -> (Duration, Duration, usize) {
         secs(fields[0]),
         secs(fields[1]),
         fields[2].parse().expect("live procedures"),
+        fields[3].parse().expect("resident bytes"),
     )
 }
 
@@ -144,12 +165,13 @@ fn measure(dir: &Path, files: &[PathBuf], n: u64, cold: bool) -> Pass {
     cool();
     let read = read_all(files);
     cool();
-    let (open, ready, live) = load_in_child(dir, n);
+    let (open, ready, live, rss) = load_in_child(dir, n);
     Pass {
         read,
         open,
         ready,
         live,
+        rss,
     }
 }
 
@@ -178,8 +200,8 @@ fn generate(runtime: &Runtime, dir: &Path, n: u64) {
 /// starts an executor on it, configured as the one that wrote the `n` procedures (so
 /// every parked one gets its running slot back). Returns the time to open the store, the
 /// time until the executor is ready (from the same start), and how many procedures it
-/// resumed.
-fn load(runtime: &Runtime, dir: &Path, n: u64) -> (Duration, Duration, usize) {
+/// resumed, and the process's resident memory once ready.
+fn load(runtime: &Runtime, dir: &Path, n: u64) -> (Duration, Duration, usize, u64) {
     runtime.block_on(async {
         let start = Instant::now();
         let store = Arc::new(WalStore::open(dir, WalConfig::default()).expect("reopen"));
@@ -191,6 +213,7 @@ fn load(runtime: &Runtime, dir: &Path, n: u64) -> (Duration, Duration, usize) {
             .await
             .expect("restart the executor");
         let ready = start.elapsed();
+        let rss = resident_bytes();
         assert!(executor.unloadable().is_empty(), "every procedure loads");
         let live = executor
             .list()
@@ -200,8 +223,19 @@ fn load(runtime: &Runtime, dir: &Path, n: u64) -> (Duration, Duration, usize) {
         // Parked procedures wait for an event nobody sends: shutting down stops them
         // without another step or write.
         executor.shutdown().await.expect("shutdown");
-        (open, ready, live)
+        (open, ready, live, rss)
     })
+}
+
+/// This process's resident set size (`VmRSS` of `/proc/self/status`), in bytes.
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/self/status");
+    kib * 1024
 }
 
 /// The store's segment files, in name (log) order.
@@ -256,12 +290,12 @@ fn print_table(
     );
     println!();
     println!(
-        "| page cache | read time | read MB/s | WalStore::open | executor ready | load MB/s | live procedures | load_vs_read |"
+        "| page cache | read time | read MB/s | WalStore::open | executor ready | load MB/s | live procedures | load_vs_read | RSS when ready | live data | rss_vs_live |"
     );
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let row = |label: &str, pass: &Pass| {
         println!(
-            "| {label} | {:.3} s | {:.0} | {:.3} s | {:.3} s | {:.0} | {} | {:.2} |",
+            "| {label} | {:.3} s | {:.0} | {:.3} s | {:.3} s | {:.0} | {} | {:.2} | {:.1} MB | {:.1} MB | {:.2} |",
             pass.read.as_secs_f64(),
             mb / pass.read.as_secs_f64(),
             pass.open.as_secs_f64(),
@@ -269,12 +303,17 @@ fn print_table(
             mb / pass.ready.as_secs_f64(),
             pass.live,
             pass.ratio(),
+            pass.rss as f64 / 1e6,
+            (pass.live * parked::STATE_BYTES) as f64 / 1e6,
+            pass.rss_vs_live(),
         );
     };
     match cold {
         Some(pass) => row("cold (dropped)", pass),
         None => {
-            println!("| cold | not measured: the page cache could not be dropped | | | | | | |")
+            println!(
+                "| cold | not measured: the page cache could not be dropped | | | | | | | | | |"
+            )
         }
     }
     row("warm", warm);
