@@ -1,4 +1,5 @@
-//! What a handler sees of the world: its procedure id and the shared environment.
+//! What a handler sees of the world: its procedure id, the shared environment and the
+//! executor's fencing token.
 
 use crate::ProcedureId;
 use std::sync::Arc;
@@ -23,13 +24,67 @@ use std::sync::Arc;
 pub struct Context<E> {
     id: ProcedureId,
     env: Arc<E>,
+    fencing_token: Option<u64>,
 }
 
 impl<E> Context<E> {
-    /// Creates the context of procedure `id`, sharing `env`.
+    /// Creates the context of procedure `id`, sharing `env`, without a fencing token.
     #[must_use]
     pub fn new(id: ProcedureId, env: Arc<E>) -> Self {
-        Self { id, env }
+        Self {
+            id,
+            env,
+            fencing_token: None,
+        }
+    }
+
+    /// Sets the fencing token [`fencing_token`](Self::fencing_token) returns.
+    #[must_use]
+    pub fn with_fencing_token(mut self, token: Option<u64>) -> Self {
+        self.fencing_token = token;
+        self
+    }
+
+    /// The token of the executor running this step, if it was started with one
+    /// ([`ExecutorBuilder::fencing_token`](crate::executor::ExecutorBuilder::fencing_token)).
+    ///
+    /// The store refuses every write of an executor whose token is lower than one it has
+    /// seen, so an executor that lost its ownership cannot persist anything. A handler's
+    /// own effects on other systems are not covered by that: pass the token along, and
+    /// have those systems refuse a request carrying a lower token than one they have
+    /// already seen.
+    ///
+    /// ```
+    /// use procflow::{Context, ProcedureId};
+    /// use std::sync::{Arc, Mutex};
+    ///
+    /// /// A downstream system that checks fencing tokens.
+    /// #[derive(Default)]
+    /// struct Regions { highest: Mutex<u64>, assigned: Mutex<Vec<u32>> }
+    ///
+    /// impl Regions {
+    ///     fn assign(&self, region: u32, token: u64) -> Result<(), String> {
+    ///         let mut highest = self.highest.lock().unwrap();
+    ///         if token < *highest {
+    ///             return Err(format!("fenced: token {token} < {}", *highest));
+    ///         }
+    ///         *highest = token;
+    ///         self.assigned.lock().unwrap().push(region);
+    ///         Ok(())
+    ///     }
+    /// }
+    ///
+    /// let regions = Arc::new(Regions::default());
+    /// let new_owner = Context::new(ProcedureId::new(1), Arc::clone(&regions)).with_fencing_token(Some(8));
+    /// let old_owner = Context::new(ProcedureId::new(1), Arc::clone(&regions)).with_fencing_token(Some(7));
+    /// // In a handler: `ctx.env().assign(3, ctx.fencing_token().unwrap_or(0))`.
+    /// assert!(new_owner.env().assign(3, new_owner.fencing_token().unwrap()).is_ok());
+    /// assert!(old_owner.env().assign(3, old_owner.fencing_token().unwrap()).is_err());
+    /// assert_eq!(*regions.assigned.lock().unwrap(), [3]);
+    /// ```
+    #[must_use]
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fencing_token
     }
 
     /// The id of the procedure whose step is running.
@@ -56,6 +111,7 @@ impl<E> Clone for Context<E> {
         Self {
             id: self.id,
             env: Arc::clone(&self.env),
+            fencing_token: self.fencing_token,
         }
     }
 }

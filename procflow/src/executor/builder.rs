@@ -8,14 +8,14 @@ use super::error::ExecutorError;
 use super::hooks::KillHook;
 use super::inner::{self, Inner, Mode, Table};
 use super::record::Wait;
-use super::record::{Envelope, NEXT_ID_KEY, NONCE_PREFIX};
+use super::record::{Envelope, FENCE_KEY, NEXT_ID_KEY, NONCE_PREFIX};
 use super::runner::{self, Launch};
 use super::status::Unloadable;
 use super::wakes::WakeLog;
 use crate::locks::Hold;
 use crate::locks::LockTable;
 use crate::{ProcedureId, StateMachine};
-use procflow_store::{Loaded, Record, Store};
+use procflow_store::{Batch, Loaded, Record, Store};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize};
@@ -29,6 +29,7 @@ pub struct ExecutorBuilder<E> {
     config: Config,
     registry: Registry<E>,
     hook: Option<Arc<dyn KillHook>>,
+    fencing_token: Option<u64>,
     /// Procedures whose abort is requested before any of them runs (crash tests re-ask
     /// for an abort a restart forgot).
     aborted: Vec<u64>,
@@ -42,6 +43,7 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             config: Config::default(),
             registry: Registry::new(),
             hook: None,
+            fencing_token: None,
             aborted: Vec::new(),
         }
     }
@@ -76,6 +78,66 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
         self
     }
 
+    /// Fences the store for this executor: [`start`](Self::start) first commits `token`
+    /// (a metadata write, [`Batch::fencing_token`](procflow_store::Batch)), then loads, and
+    /// every later write carries it. From then on the store refuses the writes of any
+    /// executor started with a lower token, which stops with [`ExecutorError::Fenced`] at
+    /// its next write; and this one stops the same way once an executor with a higher
+    /// token starts. Handlers see the token through
+    /// [`Context::fencing_token`](crate::Context::fencing_token), to pass on to systems
+    /// that can check it.
+    ///
+    /// Use it when a new executor may take over a store while the old one is still alive
+    /// (a failover: the old process paused, not dead): give each owner a larger token than
+    /// the last, such as an election's term or the create revision of an etcd leader key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// # use procflow::prelude::*;
+    /// # #[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+    /// # #[state_machine(procedure = Job)]
+    /// # enum JobState { #[initial] #[transition(to = [Done])] Start, #[terminal] Done }
+    /// # #[derive(serde::Serialize, serde::Deserialize)]
+    /// # struct Job;
+    /// # impl JobStateHandlers for Job {
+    /// #     async fn start(&mut self, _: &Context<()>) -> Step<job_state::Start> {
+    /// #         Ok(job_state::Start::Done.into())
+    /// #     }
+    /// # }
+    /// use procflow::executor::{Executor, ExecutorError};
+    /// use procflow_store::MemStore;
+    /// use std::sync::Arc;
+    ///
+    /// # tokio_test_block_on(async {
+    /// let store = Arc::new(MemStore::new());
+    /// let old = Executor::builder(store.clone(), ())
+    ///     .register::<JobState>()
+    ///     .fencing_token(1)
+    ///     .start()
+    ///     .await?;
+    /// let new = Executor::builder(store.clone(), ())
+    ///     .register::<JobState>()
+    ///     .fencing_token(2)
+    ///     .start()
+    ///     .await?;
+    /// // The old owner can no longer write: its submit fails, and it stops.
+    /// assert!(old.submit(Job).await.is_err());
+    /// assert!(matches!(old.halted(), Some(ExecutorError::Fenced { token: 1, highest: 2 })));
+    /// let id = new.submit(Job).await?;
+    /// new.wait(id).await?;
+    /// # Ok::<_, Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// # fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+    /// #     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn fencing_token(mut self, token: u64) -> Self {
+        self.fencing_token = Some(token);
+        self
+    }
+
     /// Loads every procedure from the store and resumes the unfinished ones, each from
     /// its last persisted step (that step runs again).
     ///
@@ -86,7 +148,8 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
     /// # Errors
     ///
     /// [`ExecutorError::Store`] if the store cannot be read,
-    /// [`ExecutorError::DuplicateMachine`] if two registered machines share a name,
+    /// [`ExecutorError::Fenced`] if the store has seen a higher fencing token than this
+    /// executor's, [`ExecutorError::DuplicateMachine`] if two registered machines share a name,
     /// [`ExecutorError::Metadata`] if the executor's own metadata is damaged.
     ///
     /// # Cancel safety
@@ -95,6 +158,9 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
     pub async fn start(self) -> Result<Executor<E>, ExecutorError> {
         if let Some(name) = self.registry.duplicate {
             return Err(ExecutorError::DuplicateMachine(name));
+        }
+        if let Some(token) = self.fencing_token {
+            fence(self.store.as_ref(), token).await?;
         }
         let loaded = self
             .store
@@ -117,6 +183,7 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             mode: watch::Sender::new(Mode::Running),
             mode_flag: AtomicU8::new(inner::RUNNING),
             hook: self.hook,
+            fencing_token: self.fencing_token,
             writes: AtomicU64::new(0),
             tasks: TaskTracker::new(),
         });
@@ -125,6 +192,15 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
         inner.tasks.spawn(cleanup::run(cleaner));
         Ok(Executor { inner })
     }
+}
+
+/// Takes the store over with `token` before loading it: once this write is in, the store
+/// refuses every write of a previous owner, so the load below sees all it will ever write.
+async fn fence(store: &dyn Store, token: u64) -> Result<(), ExecutorError> {
+    let batch = Batch::new()
+        .put_meta(FENCE_KEY, token.to_le_bytes().to_vec())
+        .with_fencing_token(token);
+    store.commit(batch).await.map_err(ExecutorError::from_store)
 }
 
 /// The id counter and nonces from the store's metadata.

@@ -21,6 +21,20 @@ pub enum ExecutorError {
     /// stays live as [`Status::Stuck`](super::Status::Stuck)).
     #[error("the store refused the write: {0}")]
     Rejected(Arc<StoreError>),
+    /// The store refused a write because a newer owner, started with a higher fencing
+    /// token ([`ExecutorBuilder::fencing_token`](super::ExecutorBuilder::fencing_token)),
+    /// has taken it over. The executor stopped at once: nothing more of it is persisted,
+    /// and the new owner resumes its procedures. Returned by `start` too, when the store
+    /// has already seen a higher token.
+    #[error(
+        "fenced: this executor's token {token} is lower than the store's {highest}; a newer executor owns the store"
+    )]
+    Fenced {
+        /// This executor's token.
+        token: u64,
+        /// The highest token the store has seen.
+        highest: u64,
+    },
     /// A kill hook (or [`Executor::kill`](super::Executor::kill)) stopped the executor.
     #[error("executor was killed")]
     Killed,
@@ -39,6 +53,17 @@ pub enum ExecutorError {
         /// The metadata key.
         key: String,
     },
+}
+
+impl ExecutorError {
+    /// A failed store call: [`Fenced`](Self::Fenced) when a newer owner has taken the
+    /// store over, else [`Store`](Self::Store).
+    pub(crate) fn from_store(error: StoreError) -> Self {
+        match error {
+            StoreError::Fenced { token, highest } => Self::Fenced { token, highest },
+            error => Self::Store(Arc::new(error)),
+        }
+    }
 }
 
 /// Why a submit was refused.

@@ -81,6 +81,8 @@ pub(crate) struct Inner<E> {
     /// [`Mode`]'s variant as a number, read on every step without the watch's lock.
     pub(crate) mode_flag: AtomicU8,
     pub(crate) hook: Option<Arc<dyn KillHook>>,
+    /// Carried by every batch; see [`ExecutorBuilder::fencing_token`](super::ExecutorBuilder::fencing_token).
+    pub(crate) fencing_token: Option<u64>,
     pub(crate) writes: AtomicU64,
     pub(crate) tasks: TaskTracker,
 }
@@ -157,7 +159,7 @@ impl<E> Inner<E> {
 
     /// Why the executor halted, if it did. Reads the watch only then: it is checked
     /// around every store write.
-    fn halt_reason(&self) -> Option<ExecutorError> {
+    pub(crate) fn halt_reason(&self) -> Option<ExecutorError> {
         if !self.is_halted() {
             return None;
         }
@@ -288,6 +290,10 @@ impl<E> Inner<E> {
             index,
         };
         self.kill_at(&write(WritePoint::Before))?;
+        let batch = Batch {
+            fencing_token: self.fencing_token,
+            ..batch
+        };
         match self.store.commit(batch).await {
             Ok(()) => {}
             // A refused batch changed nothing: only its procedure is affected.
@@ -295,7 +301,7 @@ impl<E> Inner<E> {
                 return Err(ExecutorError::Rejected(Arc::new(error)));
             }
             Err(error) => {
-                let error = ExecutorError::Store(Arc::new(error));
+                let error = ExecutorError::from_store(error);
                 self.halt(error.clone());
                 return Err(error);
             }

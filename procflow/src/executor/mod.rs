@@ -367,6 +367,15 @@ impl<E: Send + Sync + 'static> Executor<E> {
             .collect()
     }
 
+    /// Why the executor stopped on its own, if it did: a store failure
+    /// ([`ExecutorError::Store`]), a newer owner of the store
+    /// ([`ExecutorError::Fenced`]) or a kill ([`ExecutorError::Killed`]). `None` while it
+    /// runs and after a [`shutdown`](Self::shutdown).
+    #[must_use]
+    pub fn halted(&self) -> Option<ExecutorError> {
+        self.inner.halt_reason()
+    }
+
     /// Stored procedures that could not be loaded at start (left in the store untouched).
     #[must_use]
     pub fn unloadable(&self) -> Vec<Unloadable> {

@@ -17,6 +17,9 @@ pub(crate) const ENVELOPE_VERSION: u8 = 1;
 
 /// Metadata key holding the first procedure id not yet handed out (u64, little endian).
 pub(crate) const NEXT_ID_KEY: &str = "procflow/next_id";
+/// Metadata key holding the fencing token of the executor that last took the store over
+/// (u64, little endian); written with that token as the executor starts.
+pub(crate) const FENCE_KEY: &str = "procflow/fence";
 /// Metadata key prefix mapping a nonce to its procedure id (u64, little endian).
 pub(crate) const NONCE_PREFIX: &str = "procflow/nonce/";
 

@@ -85,7 +85,8 @@ fn task<E: Send + Sync + 'static>(
         machine = launch.procedure.machine()
     );
     let runner = Runner {
-        ctx: Context::new(ProcedureId::new(launch.id), Arc::clone(&inner.env)),
+        ctx: Context::new(ProcedureId::new(launch.id), Arc::clone(&inner.env))
+            .with_fencing_token(inner.fencing_token),
         inner: Arc::clone(inner),
         id: launch.id,
         parent: launch.parent,
