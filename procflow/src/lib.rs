@@ -110,6 +110,7 @@ pub mod diagram;
 mod error;
 pub mod executor;
 mod flow;
+pub mod group;
 mod id;
 mod instance;
 pub mod locks;

@@ -367,6 +367,12 @@ impl<E: Send + Sync + 'static> Executor<E> {
             .collect()
     }
 
+    /// Resolves when the executor stops running: halted (see [`halted`](Self::halted)) or
+    /// shutting down. Cancel safe.
+    pub async fn stopped(&self) {
+        self.inner.stopping().await;
+    }
+
     /// Why the executor stopped on its own, if it did: a store failure
     /// ([`ExecutorError::Store`]), a newer owner of the store
     /// ([`ExecutorError::Fenced`]) or a kill ([`ExecutorError::Killed`]). `None` while it
@@ -400,17 +406,24 @@ impl<E: Send + Sync + 'static> Executor<E> {
     ///
     /// Cancel safe: the shutdown goes on; calling it again waits for it.
     pub async fn shutdown(&self) -> Result<(), ExecutorError> {
-        self.inner.begin_shutdown();
-        self.inner.tasks.close();
-        self.inner.tasks.wait().await;
-        if let Mode::Halted(reason) = self.inner.mode() {
-            return Err(reason);
-        }
+        self.drain().await?;
         self.inner
             .store
             .close()
             .await
             .map_err(|e| ExecutorError::Store(Arc::new(e)))
+    }
+
+    /// Shuts down like [`shutdown`](Self::shutdown) but leaves the store open: a group
+    /// member stepping down shares its store with the member taking over. Cancel safe.
+    pub(crate) async fn drain(&self) -> Result<(), ExecutorError> {
+        self.inner.begin_shutdown();
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
+        match self.inner.mode() {
+            Mode::Halted(reason) => Err(reason),
+            _ => Ok(()),
+        }
     }
 
     fn running(&self) -> Result<(), ExecutorError> {

@@ -1,0 +1,212 @@
+//! An executor group on one shared store with an in-process election: the leader runs the
+//! procedures, standbys name it, and when its term ends (a lost lease, or a shutdown) a
+//! standby takes over, fenced against the old leader, and finishes every procedure.
+
+use procflow::executor::{Executor, ExecutorError, Outcome};
+use procflow::group::{Election, ExecutorGroup, GroupError, LocalElection};
+use procflow::prelude::*;
+use procflow_store::{MemStore, Store};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+/// One member's environment: what its handlers did, and the gate that holds `Work`.
+struct Env {
+    /// (procedure id, the executor's fencing token) per `Work` entered.
+    worked: Mutex<Vec<(u64, Option<u64>)>>,
+    gate: Semaphore,
+}
+
+impl Env {
+    fn new(open: bool) -> Arc<Self> {
+        Arc::new(Self {
+            worked: Mutex::new(Vec::new()),
+            gate: Semaphore::new(if open { Semaphore::MAX_PERMITS } else { 0 }),
+        })
+    }
+
+    fn worked(&self) -> usize {
+        self.worked.lock().unwrap().len()
+    }
+}
+
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Move, env = Env)]
+enum MoveState {
+    #[initial]
+    #[transition(to = [Moved])]
+    Work,
+    #[terminal]
+    Moved,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Move;
+
+impl MoveStateHandlers for Move {
+    async fn work(&mut self, ctx: &Context<Env>) -> Step<move_state::Work> {
+        let entry = (ctx.id().get(), ctx.fencing_token());
+        ctx.env().worked.lock().unwrap().push(entry);
+        ctx.env().gate.acquire().await.expect("gate").forget();
+        Ok(move_state::Work::Moved.into())
+    }
+}
+
+/// A member on `store`, whose handlers run with `env`.
+fn member(
+    election: &LocalElection,
+    address: &str,
+    store: &Arc<dyn Store>,
+    env: &Arc<Env>,
+) -> ExecutorGroup<Env> {
+    let (store, env) = (Arc::clone(store), Arc::clone(env));
+    ExecutorGroup::join(Arc::new(election.candidate(address)), address, move || {
+        Executor::builder_shared(Arc::clone(&store), Arc::clone(&env)).register::<MoveState>()
+    })
+}
+
+/// Polls `check` every 5 ms for up to 10 s.
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// Waits until one of `members` leads; returns its index.
+async fn leader_of(members: &[&ExecutorGroup<Env>]) -> usize {
+    let mut found = None;
+    eventually("a leader", || {
+        found = members.iter().position(|m| m.term().is_some());
+        found.is_some()
+    })
+    .await;
+    found.unwrap()
+}
+
+#[tokio::test]
+async fn a_standby_takes_over_when_the_leader_loses_its_term_and_the_old_leader_is_fenced() {
+    let store: Arc<dyn Store> = Arc::new(MemStore::new());
+    let election = LocalElection::new();
+    let envs = [Env::new(false), Env::new(true), Env::new(true)];
+    let first = member(&election, "m0:7000", &store, &envs[0]);
+    let leader = first.leading().await;
+    let old_term = first.term().unwrap();
+    let others = [
+        member(&election, "m1:7000", &store, &envs[1]),
+        member(&election, "m2:7000", &store, &envs[2]),
+    ];
+
+    // Standbys refuse and name the leader.
+    for standby in &others {
+        match standby.executor().await {
+            Err(GroupError::NotLeader { leader }) => {
+                assert_eq!(leader.as_deref(), Some("m0:7000"));
+            }
+            other => panic!("a standby answered {:?}", other.map(|_| ())),
+        }
+    }
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(leader.submit(Move).await.unwrap());
+    }
+    // All five are inside `Work` on the old leader, held by its closed gate.
+    eventually("five procedures in Work", || envs[0].worked() == 5).await;
+
+    // The old leader's lease is lost: a standby wins the next term and finishes them.
+    election.depose();
+    let at = leader_of(&[&others[0], &others[1]]).await;
+    let new = &others[at];
+    let new_term = new.term().unwrap();
+    assert!(new_term.token > old_term.token);
+    let executor = new.executor().await.unwrap();
+    for &id in &ids {
+        assert!(matches!(
+            executor.wait(id).await.unwrap(),
+            Outcome::Succeeded
+        ));
+    }
+    let worked = envs[1 + at].worked.lock().unwrap().clone();
+    assert_eq!(worked.len(), 5);
+    assert!(
+        worked
+            .iter()
+            .all(|(_, token)| *token == Some(new_term.token))
+    );
+    match first.executor().await {
+        Err(GroupError::NotLeader { leader }) => {
+            assert_eq!(leader.as_deref(), Some(new.address()));
+        }
+        other => panic!("the old leader answered {:?}", other.map(|_| ())),
+    }
+
+    // The old leader's steps end now; it was stopped, and the store refuses it anyway.
+    assert!(matches!(leader.halted(), Some(ExecutorError::Killed)));
+    envs[0].gate.add_permits(5);
+    let before = store.load().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        store.load().await.unwrap(),
+        before,
+        "the old leader wrote nothing"
+    );
+    for &id in &ids {
+        let record = before.records.iter().find(|r| r.id == id.get()).unwrap();
+        assert!(record.finished);
+    }
+
+    for member in [&first, &others[0], &others[1]] {
+        member.shutdown().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_leader_that_shuts_down_hands_its_procedures_over() {
+    let store: Arc<dyn Store> = Arc::new(MemStore::new());
+    let election = LocalElection::new();
+    let (closed, open) = (Env::new(false), Env::new(true));
+    let a = member(&election, "a:1", &store, &closed);
+    let leader = a.leading().await;
+    let b = member(&election, "b:1", &store, &open);
+    let ids = [
+        leader.submit(Move).await.unwrap(),
+        leader.submit(Move).await.unwrap(),
+    ];
+    eventually("two procedures in Work", || closed.worked() == 2).await;
+    // The shutdown waits for the steps in flight, so let them end after it starts.
+    let shutdown = tokio::spawn(async move {
+        a.shutdown().await.unwrap();
+        a
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    closed.gate.add_permits(2);
+    let a = shutdown.await.unwrap();
+    assert!(matches!(a.executor().await, Err(GroupError::ShutDown)));
+    let executor = b.leading().await;
+    let mut outcomes = HashMap::new();
+    for id in ids {
+        outcomes.insert(id, executor.wait(id).await.unwrap());
+    }
+    assert!(outcomes.values().all(|o| matches!(o, Outcome::Succeeded)));
+    b.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn terms_of_a_local_election_only_grow_and_resigning_twice_is_harmless() {
+    let election = LocalElection::new();
+    let a = election.candidate("a");
+    let b = election.candidate("b");
+    let first = a.campaign().await.unwrap();
+    a.resign(first).await.unwrap();
+    let second = b.campaign().await.unwrap();
+    assert!(second.token > first.token);
+    // `a` resigning its old term again must not end `b`'s.
+    a.resign(first).await.unwrap();
+    assert_eq!(election.current(), Some(second));
+    a.lost(first).await; // already over: resolves at once
+}
