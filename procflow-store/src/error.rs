@@ -41,9 +41,11 @@ pub enum StoreError {
     /// store to recover from what is on disk.
     #[error("the store is poisoned by an earlier failed write or fsync; reopen it")]
     Poisoned,
-    /// The batch carried a fencing token lower than one already committed: a newer owner
-    /// has taken over the store.
-    #[error("fenced: batch token {token} is lower than the highest committed token {highest}")]
+    /// The batch carried a stale fencing token: a newer owner has taken over the store.
+    /// `MemStore` and `WalStore` refuse a token lower than the highest committed; the etcd
+    /// store refuses any token but the current leader key's create revision (`highest` is
+    /// then that revision, or 0 while no one leads).
+    #[error("fenced: batch token {token} is stale; the store's owner token is {highest}")]
     Fenced {
         /// The token of the rejected batch.
         token: u64,
@@ -112,7 +114,7 @@ mod tests {
                     token: 3,
                     highest: 4,
                 },
-                "fenced: batch token 3 is lower than the highest committed token 4",
+                "fenced: batch token 3 is stale; the store's owner token is 4",
             ),
             (
                 StoreError::TooLarge {

@@ -15,7 +15,7 @@ use crate::store::{Batch, BoxFuture, Limits, Loaded, ProcId, Record, RecordInfo,
 /// use procflow_store::{Batch, Limits, MemStore, Store, StoreError};
 ///
 /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-/// let store = MemStore::with_limits(Limits { max_ops_per_batch: Some(2), max_value_bytes: None });
+/// let store = MemStore::with_limits(Limits { max_ops_per_batch: Some(2), ..Limits::default() });
 /// store.commit(Batch::new().put(1, None, b"a".to_vec())).await?;
 /// let too_many = Batch::new().delete(1).delete(2).delete(3);
 /// assert!(matches!(store.commit(too_many).await, Err(StoreError::TooLarge { .. })));

@@ -99,15 +99,7 @@ impl State {
     /// Validates `batch` against `limits`, the fencing token and the current records, and
     /// resolves it into changes. Nothing is modified.
     pub(crate) fn prepare(&self, batch: Batch, limits: &Limits) -> Result<Prepared, StoreError> {
-        if let Some(limit) = limits.max_ops_per_batch
-            && batch.ops.len() > limit
-        {
-            return Err(StoreError::TooLarge {
-                what: "ops per batch",
-                size: batch.ops.len(),
-                limit,
-            });
-        }
+        limits.check(&batch)?;
         if let (Some(token), Some(highest)) = (batch.fencing_token, self.highest_token)
             && token < highest
         {
@@ -117,21 +109,6 @@ impl State {
         let mut overlay: HashMap<ProcId, Option<Option<ProcId>>> = HashMap::new();
         let mut changes = Vec::with_capacity(batch.ops.len());
         for op in batch.ops {
-            let value_len = match &op {
-                Op::Put { value, .. } | Op::Finish { value, .. } | Op::PutMeta { value, .. } => {
-                    value.len()
-                }
-                Op::Delete { .. } | Op::DeleteMeta { .. } => 0,
-            };
-            if let Some(limit) = limits.max_value_bytes
-                && value_len > limit
-            {
-                return Err(StoreError::TooLarge {
-                    what: "value bytes",
-                    size: value_len,
-                    limit,
-                });
-            }
             changes.push(match op {
                 Op::Put { id, parent, value } => {
                     overlay.insert(id, Some(parent));
@@ -316,6 +293,7 @@ mod tests {
         let limits = Limits {
             max_ops_per_batch: Some(1),
             max_value_bytes: Some(2),
+            max_batch_bytes: None,
         };
         let state = State::default();
         let err = state

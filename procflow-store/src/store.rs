@@ -80,6 +80,31 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// This op's share of [`Batch::payload_bytes`].
+    #[must_use]
+    pub fn payload_bytes(&self) -> usize {
+        match self {
+            Op::Put { value, .. } | Op::Finish { value, .. } => value.len(),
+            Op::PutMeta { key, value } => key.len() + value.len(),
+            Op::DeleteMeta { key } => key.len(),
+            Op::Delete { .. } => 0,
+        }
+    }
+
+    /// The size of this op's value (0 for deletions): what [`Limits::max_value_bytes`]
+    /// bounds.
+    #[must_use]
+    pub fn value_len(&self) -> usize {
+        match self {
+            Op::Put { value, .. } | Op::Finish { value, .. } | Op::PutMeta { value, .. } => {
+                value.len()
+            }
+            Op::Delete { .. } | Op::DeleteMeta { .. } => 0,
+        }
+    }
+}
+
 /// A list of [`Op`]s applied atomically: after a crash either every op of the batch is
 /// visible or none is.
 ///
@@ -122,6 +147,13 @@ impl Batch {
     pub fn with_fencing_token(mut self, token: u64) -> Self {
         self.fencing_token = Some(token);
         self
+    }
+
+    /// What [`Limits::max_batch_bytes`] counts: the bytes of every op's value, plus the
+    /// key of every metadata op.
+    #[must_use]
+    pub fn payload_bytes(&self) -> usize {
+        self.ops.iter().map(Op::payload_bytes).sum()
     }
 
     /// Appends an [`Op::Put`].
@@ -174,13 +206,40 @@ pub struct Loaded {
 
 /// Size limits a store imposes on one batch; `None` means unbounded.
 ///
-/// An etcd-backed store would say about 128 ops and 1.5 MiB per value.
+/// The etcd store says 127 ops (etcd's 128 per transaction, less the fencing compare) and
+/// about 1.5 MiB of values and metadata keys per batch (etcd's request limit, less the room
+/// its own keys and framing take).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Limits {
     /// The most ops one [`Batch`] may hold.
     pub max_ops_per_batch: Option<usize>,
     /// The largest value (of a record or metadata entry) in bytes.
     pub max_value_bytes: Option<usize>,
+    /// The most bytes one batch may carry: the sum of its ops' values and metadata keys
+    /// (see [`Batch::payload_bytes`]).
+    pub max_batch_bytes: Option<usize>,
+}
+
+impl Limits {
+    /// Checks `batch` against every limit: [`StoreError::TooLarge`] names the first one
+    /// it exceeds.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::TooLarge`].
+    pub fn check(&self, batch: &Batch) -> Result<(), StoreError> {
+        exceeds("ops per batch", batch.ops.len(), self.max_ops_per_batch)?;
+        let largest = batch.ops.iter().map(Op::value_len).max().unwrap_or(0);
+        exceeds("value bytes", largest, self.max_value_bytes)?;
+        exceeds("batch bytes", batch.payload_bytes(), self.max_batch_bytes)
+    }
+}
+
+fn exceeds(what: &'static str, size: usize, limit: Option<usize>) -> Result<(), StoreError> {
+    match limit {
+        Some(limit) if size > limit => Err(StoreError::TooLarge { what, size, limit }),
+        _ => Ok(()),
+    }
 }
 
 /// Durable storage for procedures. Object safe: the runtime holds an `Arc<dyn Store>`.

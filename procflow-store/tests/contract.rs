@@ -7,9 +7,11 @@ use procflow_store::{Batch, Limits, Loaded, MemStore, Record, RecordInfo, Store,
 
 mod common;
 
+use common::contract::Subject;
+
 #[tokio::test]
 async fn mem_store_contract() {
-    common::contract::run_all(|| Arc::new(MemStore::new()) as Arc<dyn Store>).await;
+    common::contract::run_all(|| async { Subject::counting(Arc::new(MemStore::new())) }).await;
 }
 
 #[tokio::test]
@@ -17,6 +19,7 @@ async fn mem_store_emulates_etcd_limits() {
     let limits = Limits {
         max_ops_per_batch: Some(128),
         max_value_bytes: Some(1_536 * 1024),
+        max_batch_bytes: None,
     };
     let store = MemStore::with_limits(limits);
     assert_eq!(store.limits(), limits);

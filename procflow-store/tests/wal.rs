@@ -12,8 +12,10 @@ use procflow_store::{Batch, Bytes, Record, Store, StoreError, SyncMode, WalConfi
 async fn passes_the_store_contract() {
     for env in Env::all() {
         let config = WalConfig::default();
-        common::contract::run_all(|| {
-            Arc::new(env.open_at(&env.fresh_dir(), config.clone()).unwrap()) as Arc<dyn Store>
+        common::contract::run_all(|| async {
+            common::contract::Subject::counting(Arc::new(
+                env.open_at(&env.fresh_dir(), config.clone()).unwrap(),
+            ))
         })
         .await;
     }

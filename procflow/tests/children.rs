@@ -468,6 +468,7 @@ async fn too_many_children_for_one_batch_fail_the_procedure_only() {
     let limits = Limits {
         max_ops_per_batch: Some(4),
         max_value_bytes: None,
+        max_batch_bytes: None,
     };
     let executor = Executor::builder(Arc::new(MemStore::with_limits(limits)), ledger.clone())
         .config(common::test_config())

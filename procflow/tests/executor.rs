@@ -599,6 +599,7 @@ async fn a_value_the_store_refuses_fails_only_its_procedure() {
     let limits = Limits {
         max_ops_per_batch: None,
         max_value_bytes: Some(400),
+        max_batch_bytes: None,
     };
     let store = Arc::new(MemStore::with_limits(limits));
     let executor = Executor::builder(

@@ -564,6 +564,7 @@ fn limited_store(max_value_bytes: usize) -> TestStore {
     let limits = Limits {
         max_ops_per_batch: None,
         max_value_bytes: Some(max_value_bytes),
+        max_batch_bytes: None,
     };
     TestStore::memory_with_limits(limits)
 }

@@ -1,18 +1,42 @@
 //! Behaviour every `Store` implementation must show.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use procflow_store::{Batch, Bytes, Loaded, Op, Record, RecordInfo, Store, StoreError};
+use procflow_store::{Batch, BoxFuture, Bytes, Loaded, Op, Record, RecordInfo, Store, StoreError};
 
-/// Runs every contract check, each on a fresh store from `new_store`.
-pub async fn run_all(new_store: impl Fn() -> Arc<dyn Store>) {
-    put_finish_delete(new_store().as_ref()).await;
-    meta(new_store().as_ref()).await;
-    unknown_finish_rejects_whole_batch(new_store().as_ref()).await;
-    fencing(new_store().as_ref()).await;
-    close_stops_writes(new_store().as_ref()).await;
-    concurrent_commits(new_store()).await;
+/// A store under test, and how to make a new owner of it: a fencing token that supersedes
+/// every earlier one.
+pub struct Subject {
+    pub store: Arc<dyn Store>,
+    pub new_owner: Box<dyn Fn() -> BoxFuture<'static, u64> + Send + Sync>,
+}
+
+impl Subject {
+    /// For stores that keep the highest token committed (MemStore, WalStore): any larger
+    /// number is a newer owner.
+    pub fn counting(store: Arc<dyn Store>) -> Self {
+        let next = Arc::new(AtomicU64::new(10));
+        Subject {
+            store,
+            new_owner: Box::new(move || {
+                let token = next.fetch_add(1, Ordering::Relaxed);
+                Box::pin(async move { token })
+            }),
+        }
+    }
+}
+
+/// Runs every contract check, each on a fresh store from `new_subject`.
+pub async fn run_all<F: Future<Output = Subject>>(new_subject: impl Fn() -> F) {
+    put_finish_delete(new_subject().await.store.as_ref()).await;
+    meta(new_subject().await.store.as_ref()).await;
+    unknown_finish_rejects_whole_batch(new_subject().await.store.as_ref()).await;
+    fencing(new_subject().await).await;
+    close_stops_writes(new_subject().await.store.as_ref()).await;
+    concurrent_commits(new_subject().await.store).await;
 }
 
 fn record(id: u64, parent: Option<u64>, finished: bool, value: &[u8]) -> Record {
@@ -106,40 +130,39 @@ pub async fn unknown_finish_rejects_whole_batch(store: &dyn Store) {
     );
 }
 
-pub async fn fencing(store: &dyn Store) {
+pub async fn fencing(subject: Subject) {
+    let store = subject.store.as_ref();
+    let first = (subject.new_owner)().await;
     store
-        .commit(Batch::new().put(1, None, vec![]).with_fencing_token(10))
+        .commit(Batch::new().put(1, None, vec![]).with_fencing_token(first))
+        .await
+        .unwrap();
+    let second = (subject.new_owner)().await;
+    assert!(second > first, "tokens grow: {first} then {second}");
+    store
+        .commit(Batch::new().put(2, None, vec![]).with_fencing_token(second))
         .await
         .unwrap();
     let err = store
-        .commit(Batch::new().delete(1).with_fencing_token(9))
+        .commit(Batch::new().delete(1).with_fencing_token(first))
         .await
         .unwrap_err();
     assert!(
-        matches!(
-            err,
-            StoreError::Fenced {
-                token: 9,
-                highest: 10
-            }
-        ),
+        matches!(err, StoreError::Fenced { token, highest } if token == first && highest == second),
         "{err}"
     );
     assert!(
         err.to_string()
-            .contains("lower than the highest committed token 10")
+            .contains(&format!("is stale; the store's owner token is {second}")),
+        "{err}"
     );
     store
-        .commit(Batch::new().put(2, None, vec![]).with_fencing_token(10))
-        .await
-        .unwrap();
-    store
-        .commit(Batch::new().put(3, None, vec![]).with_fencing_token(11))
+        .commit(Batch::new().put(3, None, vec![]).with_fencing_token(second))
         .await
         .unwrap();
     assert!(
         store
-            .commit(Batch::new().with_fencing_token(10))
+            .commit(Batch::new().put(4, None, vec![]).with_fencing_token(first))
             .await
             .is_err()
     );

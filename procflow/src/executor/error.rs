@@ -27,7 +27,7 @@ pub enum ExecutorError {
     /// and the new owner resumes its procedures. Returned by `start` too, when the store
     /// has already seen a higher token.
     #[error(
-        "fenced: this executor's token {token} is lower than the store's {highest}; a newer executor owns the store"
+        "fenced: this executor's token {token} is stale (the store's owner token is {highest}); a newer executor owns the store"
     )]
     Fenced {
         /// This executor's token.
