@@ -48,6 +48,8 @@
 #![doc(test(attr(deny(warnings))))]
 
 mod error;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod io;
 mod mem;
 mod state;

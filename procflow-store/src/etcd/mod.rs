@@ -1,0 +1,474 @@
+//! [`EtcdStore`]: procedures kept in an etcd cluster (cargo feature `etcd`), and
+//! [`LocalCluster`], which starts etcd processes on this machine for tests and examples.
+//!
+//! * **One batch is one transaction.** Ops on the same key are merged first (etcd refuses
+//!   a transaction naming a key twice); [`limits`](crate::Store::limits) are etcd's, so
+//!   a batch over them is [`StoreError::TooLarge`] and is never split.
+//! * **Group commit.** Batches committed while a transaction is in flight share the next
+//!   one, as long as it stays within etcd's limits.
+//! * **Fencing in etcd itself.** A batch with a fencing token commits only if the leader
+//!   key (`{prefix}/leader`) still has that create revision: the write of a leader that
+//!   has been replaced, or whose lease ended, is refused by etcd with
+//!   [`StoreError::Fenced`]. The executor group's etcd election writes that key.
+//! * **Unknown outcomes.** Every request has a deadline. A timeout, a lost connection or
+//!   an etcd leader change while a commit is in flight is [`StoreError::Io`]: the batch
+//!   may or may not be durable.
+//! * **Paged loading.** [`load`](crate::Store::load) reads `page_size` keys per request,
+//!   all at one revision, so a million procedures load without one giant response.
+//!
+//! The key layout and the record encoding are in `docs/FORMAT.md`.
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use procflow_store::etcd::{EtcdConfig, EtcdStore};
+//! use procflow_store::{Batch, Store};
+//!
+//! # async fn run() -> Result<(), procflow_store::StoreError> {
+//! let config = EtcdConfig::new(["127.0.0.1:2379"], "/myapp/procedures");
+//! let store = EtcdStore::connect(config).await?;
+//! store.commit(Batch::new().put(1, None, b"step 1".to_vec())).await?;
+//! assert_eq!(store.load().await?.records.len(), 1);
+//! # Ok(())
+//! # }
+//! ```
+
+mod cluster;
+mod committer;
+mod keys;
+mod plan;
+mod record;
+
+pub use cluster::{ClusterError, LocalCluster};
+/// The etcd client this store is built on, for callers that share its connection
+/// ([`EtcdStore::client`]).
+pub use etcd_client;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::io;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, GetOptions, KeyValue, KvClient};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::error::StoreError;
+use crate::store::{Batch, BoxFuture, Limits, Loaded, Op, ProcId, Record, RecordInfo, Store};
+use committer::Pending;
+use keys::Keys;
+use plan::{Prepared, Write};
+
+/// Where an [`EtcdStore`] keeps its data and how it talks to etcd.
+#[derive(Clone, Debug)]
+pub struct EtcdConfig {
+    endpoints: Vec<String>,
+    prefix: String,
+    request_timeout: Duration,
+    page_size: usize,
+}
+
+impl EtcdConfig {
+    /// The store under `prefix` (e.g. `"/myapp/procedures"`) of the cluster reachable at
+    /// `endpoints` (`"host:port"`). Requests time out after 5 s; `load` reads 1,000 keys
+    /// per request.
+    pub fn new(
+        endpoints: impl IntoIterator<Item = impl Into<String>>,
+        prefix: impl Into<String>,
+    ) -> Self {
+        Self {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            prefix: prefix.into(),
+            request_timeout: Duration::from_secs(5),
+            page_size: 1000,
+        }
+    }
+
+    /// How long one request may take before its outcome counts as unknown
+    /// ([`StoreError::Io`]).
+    #[must_use]
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// How many keys one `load` request reads (at least 1).
+    #[must_use]
+    pub fn page_size(mut self, keys: usize) -> Self {
+        self.page_size = keys.max(1);
+        self
+    }
+
+    /// The endpoints.
+    #[must_use]
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    /// The leader key of the executor group on this store: its create revision is the
+    /// fencing token every fenced batch is checked against.
+    #[must_use]
+    pub fn leader_key(&self) -> String {
+        String::from_utf8(Keys::new(&self.prefix).leader()).expect("the prefix is a string")
+    }
+}
+
+/// A [`Store`] in etcd; see the [module docs](self).
+pub struct EtcdStore {
+    shared: Arc<Shared>,
+    limits: Limits,
+    queue: Mutex<Option<mpsc::UnboundedSender<Pending>>>,
+    committer: tokio::sync::Mutex<Option<JoinHandle<()>>>,
+}
+
+/// What the store's callers and its committer share.
+pub(crate) struct Shared {
+    client: Client,
+    pub(crate) keys: Keys,
+    timeout: Duration,
+    page_size: usize,
+    /// Named in errors: the endpoints and the prefix.
+    location: PathBuf,
+    /// The parent of every live record this store has seen, so that a `Finish` (which
+    /// rewrites the record with its parent) needs no read first.
+    parents: Mutex<HashMap<ProcId, Option<ProcId>>>,
+}
+
+impl EtcdStore {
+    /// Connects to the cluster. Must be called inside a tokio runtime: it spawns the
+    /// committer.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Io`] if no endpoint answers within the request timeout.
+    pub async fn connect(config: EtcdConfig) -> Result<Self, StoreError> {
+        let location = PathBuf::from(format!(
+            "etcd {} {}",
+            config.endpoints.join(","),
+            config.prefix
+        ));
+        let options = ConnectOptions::new()
+            .with_connect_timeout(config.request_timeout)
+            .with_timeout(config.request_timeout)
+            .with_keep_alive(Duration::from_secs(1), config.request_timeout);
+        let connect = Client::connect(config.endpoints.clone(), Some(options));
+        let client = match tokio::time::timeout(config.request_timeout, connect).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(error)) => {
+                return Err(StoreError::io(
+                    "connecting to etcd",
+                    location,
+                    io::Error::other(error),
+                ));
+            }
+            Err(_) => {
+                return Err(StoreError::io(
+                    "connecting to etcd",
+                    location,
+                    io::Error::new(io::ErrorKind::TimedOut, "no endpoint answered"),
+                ));
+            }
+        };
+        let keys = Keys::new(&config.prefix);
+        let limits = Limits {
+            max_ops_per_batch: Some(plan::MAX_TXN_OPS - 1),
+            max_value_bytes: Some(plan::max_batch_bytes(&keys)),
+            max_batch_bytes: Some(plan::max_batch_bytes(&keys)),
+        };
+        let shared = Arc::new(Shared {
+            client,
+            keys,
+            timeout: config.request_timeout,
+            page_size: config.page_size,
+            location,
+            parents: Mutex::new(HashMap::new()),
+        });
+        let (queue, receiver) = mpsc::unbounded_channel();
+        let committer = tokio::spawn(committer::run(Arc::clone(&shared), receiver));
+        Ok(Self {
+            shared,
+            limits,
+            queue: Mutex::new(Some(queue)),
+            committer: tokio::sync::Mutex::new(Some(committer)),
+        })
+    }
+
+    /// The client this store talks through (cheap to clone; it shares the connection).
+    #[must_use]
+    pub fn client(&self) -> Client {
+        self.shared.client.clone()
+    }
+
+    async fn commit_batch(&self, batch: Batch) -> Result<(), StoreError> {
+        let Some(queue) = self.sender() else {
+            return Err(StoreError::Closed);
+        };
+        self.limits.check(&batch)?;
+        let batch = self.prepare(batch).await?;
+        let (reply, answer) = oneshot::channel();
+        queue
+            .send(Pending { batch, reply })
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.unwrap_or(Err(StoreError::Closed))
+    }
+
+    fn sender(&self) -> Option<mpsc::UnboundedSender<Pending>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Resolves `batch` into self-contained writes: a `Finish` needs the record's parent,
+    /// from this batch, from memory, or read from etcd.
+    async fn prepare(&self, batch: Batch) -> Result<Prepared, StoreError> {
+        let keys = &self.shared.keys;
+        // The parent of every id the batch has touched so far; `None` = deleted.
+        let mut touched: HashMap<ProcId, Option<Option<ProcId>>> = HashMap::new();
+        let mut prepared = Prepared {
+            token: batch.fencing_token,
+            ..Prepared::default()
+        };
+        for op in batch.ops {
+            let (key, write) = match op {
+                Op::Put { id, parent, value } => {
+                    touched.insert(id, Some(parent));
+                    prepared.parents.push((id, Some(parent)));
+                    let value = record::encode(parent, false, &value);
+                    (keys.record(id), Write::Put(value))
+                }
+                Op::Finish { id, value } => {
+                    let parent = match touched.get(&id) {
+                        Some(Some(parent)) => *parent,
+                        Some(None) => return Err(StoreError::UnknownProcedure(id)),
+                        None => {
+                            prepared.must_exist.push((id, keys.record(id)));
+                            self.parent_of(id).await?
+                        }
+                    };
+                    prepared.parents.push((id, None));
+                    let value = record::encode(parent, true, &value);
+                    (keys.record(id), Write::Put(value))
+                }
+                Op::Delete { id } => {
+                    touched.insert(id, None);
+                    prepared.parents.push((id, None));
+                    (keys.record(id), Write::Delete)
+                }
+                Op::PutMeta { key, value } => (keys.meta(&key), Write::Put(value)),
+                Op::DeleteMeta { key } => (keys.meta(&key), Write::Delete),
+            };
+            prepared.writes.push((key, write));
+        }
+        Ok(prepared)
+    }
+
+    /// The parent of record `id`, which the batch finishes without having written it.
+    async fn parent_of(&self, id: ProcId) -> Result<Option<ProcId>, StoreError> {
+        if let Some(parent) = self.shared.parents().get(&id) {
+            return Ok(*parent);
+        }
+        match self.get_record(id).await? {
+            Some(record) => Ok(record.parent),
+            None => Err(StoreError::UnknownProcedure(id)),
+        }
+    }
+
+    async fn get_record(&self, id: ProcId) -> Result<Option<Record>, StoreError> {
+        let key = self.shared.keys.record(id);
+        let mut response = self
+            .shared
+            .call("reading a record", |mut kv| async move {
+                kv.get(key, None).await
+            })
+            .await?;
+        let Some(kv) = response.take_kvs().into_iter().next() else {
+            return Ok(None);
+        };
+        let record = self.shared.decode(kv)?;
+        if !record.finished {
+            self.shared.parents().insert(id, record.parent);
+        }
+        Ok(Some(record))
+    }
+
+    async fn load_all(&self) -> Result<Loaded, StoreError> {
+        let shared = &self.shared;
+        let mut revision = 0;
+        let mut loaded = Loaded::default();
+        shared
+            .scan(shared.keys.records(), &mut revision, |kv| {
+                loaded.records.push(shared.decode(kv)?);
+                Ok(())
+            })
+            .await?;
+        shared
+            .scan(shared.keys.metas(), &mut revision, |kv| {
+                let key = shared
+                    .keys
+                    .meta_key(kv.key())
+                    .ok_or_else(|| shared.corrupt(&kv, "not a metadata key"))?;
+                loaded.meta.insert(key, kv.into_key_value().1);
+                Ok(())
+            })
+            .await?;
+        let mut parents = shared.parents();
+        for record in loaded.records.iter().filter(|r| !r.finished) {
+            parents.insert(record.id, record.parent);
+        }
+        Ok(loaded)
+    }
+
+    async fn close_store(&self) -> Result<(), StoreError> {
+        // Dropping the sender lets the committer finish what is queued, then end.
+        drop(self.queue.lock().unwrap_or_else(|e| e.into_inner()).take());
+        if let Some(committer) = self.committer.lock().await.take() {
+            let _ = committer.await;
+        }
+        Ok(())
+    }
+}
+
+impl Shared {
+    /// Runs one request on the key-value client with the store's deadline.
+    pub(crate) async fn call<T, F, Fut>(
+        &self,
+        context: &'static str,
+        request: F,
+    ) -> Result<T, StoreError>
+    where
+        F: FnOnce(KvClient) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        match tokio::time::timeout(self.timeout, request(self.client.kv_client())).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(self.io(context, io::Error::other(error))),
+            Err(_) => Err(self.io(
+                context,
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "no answer within {:?}; the outcome is unknown",
+                        self.timeout
+                    ),
+                ),
+            )),
+        }
+    }
+
+    pub(crate) fn io(&self, context: &'static str, source: io::Error) -> StoreError {
+        StoreError::io(context, self.location.clone(), source)
+    }
+
+    fn corrupt(&self, kv: &KeyValue, reason: impl Into<String>) -> StoreError {
+        StoreError::Corrupt {
+            file: self
+                .location
+                .join(String::from_utf8_lossy(kv.key()).as_ref()),
+            offset: 0,
+            reason: reason.into(),
+        }
+    }
+
+    fn decode(&self, kv: KeyValue) -> Result<Record, StoreError> {
+        let id = self
+            .keys
+            .record_id(kv.key())
+            .ok_or_else(|| self.corrupt(&kv, "not a record key"))?;
+        let reason = |reason| self.corrupt(&kv, reason);
+        let (_, value) = kv.clone().into_key_value();
+        record::decode(id, value).map_err(reason)
+    }
+
+    fn parents(&self) -> std::sync::MutexGuard<'_, HashMap<ProcId, Option<ProcId>>> {
+        self.parents.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn remember_parents(&self, changes: &[(ProcId, Option<Option<ProcId>>)]) {
+        let mut parents = self.parents();
+        for (id, change) in changes {
+            match change {
+                Some(parent) => parents.insert(*id, *parent),
+                None => parents.remove(id),
+            };
+        }
+    }
+
+    /// Reads every key of `[start, end)` in pages of `page_size`, all at `revision` (the
+    /// first page's, if 0), passing each to `each` in key order.
+    async fn scan(
+        &self,
+        (start, end): (Vec<u8>, Vec<u8>),
+        revision: &mut i64,
+        mut each: impl FnMut(KeyValue) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let mut from = start;
+        loop {
+            let mut options = GetOptions::new()
+                .with_range(end.clone())
+                .with_limit(i64::try_from(self.page_size).unwrap_or(i64::MAX));
+            if *revision > 0 {
+                options = options.with_revision(*revision);
+            }
+            let key = from.clone();
+            let mut page = self
+                .call("loading the store", |mut kv| async move {
+                    kv.get(key, Some(options)).await
+                })
+                .await?;
+            if *revision == 0 {
+                *revision = page.header().map_or(0, |header| header.revision());
+            }
+            let more = page.more();
+            let kvs = page.take_kvs();
+            let Some(last) = kvs.last() else {
+                return Ok(());
+            };
+            // The next page starts just after the last key of this one.
+            from = [last.key(), &[0]].concat();
+            for kv in kvs {
+                each(kv)?;
+            }
+            if !more {
+                return Ok(());
+            }
+        }
+    }
+}
+
+impl Store for EtcdStore {
+    fn commit(&self, batch: Batch) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(self.commit_batch(batch))
+    }
+
+    fn load(&self) -> BoxFuture<'_, Result<Loaded, StoreError>> {
+        Box::pin(self.load_all())
+    }
+
+    fn get(&self, id: ProcId) -> BoxFuture<'_, Result<Option<Record>, StoreError>> {
+        Box::pin(self.get_record(id))
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<RecordInfo>, StoreError>> {
+        Box::pin(async move {
+            let loaded = self.load_all().await?;
+            Ok(loaded
+                .records
+                .iter()
+                .map(|r| RecordInfo {
+                    id: r.id,
+                    parent: r.parent,
+                    finished: r.finished,
+                    value_len: r.value.len(),
+                })
+                .collect())
+        })
+    }
+
+    fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    fn close(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(self.close_store())
+    }
+}

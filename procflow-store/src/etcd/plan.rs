@@ -1,0 +1,241 @@
+//! One etcd transaction built from one or more batches.
+//!
+//! etcd rejects a transaction that names a key twice, so ops are merged per key first:
+//! the last write to a key wins, as it would if the batches' ops ran one after another.
+//! Concurrent batches join one transaction while it stays within etcd's limits and none
+//! of them depends on a key an earlier one writes (see [`Plan::try_add`]).
+
+use std::collections::BTreeMap;
+
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+
+use super::keys::Keys;
+use crate::store::ProcId;
+
+/// etcd's default `--max-txn-ops`: the most compares, success ops or failure ops of one
+/// transaction.
+pub(crate) const MAX_TXN_OPS: usize = 128;
+/// etcd's default `--max-request-bytes` (1.5 MiB).
+pub(crate) const MAX_REQUEST_BYTES: usize = 1_572_864;
+/// What one key costs in a request beyond its bytes: protobuf tags, lengths, fields.
+const PER_KEY: usize = 16;
+/// The request's own framing (header, flags), with room to spare.
+const REQUEST_SLACK: usize = 1024;
+
+/// The write a transaction does to one key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Write {
+    Put(Vec<u8>),
+    Delete,
+}
+
+/// A batch made self-contained: the final write to each key, in op order, and the records
+/// that must exist for it to apply (the `Finish` of a record it did not write itself).
+#[derive(Debug, Default)]
+pub(crate) struct Prepared {
+    pub(crate) writes: Vec<(Vec<u8>, Write)>,
+    pub(crate) must_exist: Vec<(ProcId, Vec<u8>)>,
+    pub(crate) token: Option<u64>,
+    /// What the batch does to the parents the store remembers for live records:
+    /// `Some(parent)` for a live record written, `None` for one finished or deleted.
+    pub(crate) parents: Vec<(ProcId, Option<Option<ProcId>>)>,
+}
+
+/// The transaction being built.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    token: Option<u64>,
+    writes: BTreeMap<Vec<u8>, Write>,
+    must_exist: BTreeMap<Vec<u8>, ProcId>,
+}
+
+impl Plan {
+    pub(crate) fn new(token: Option<u64>) -> Self {
+        Self {
+            token,
+            writes: BTreeMap::new(),
+            must_exist: BTreeMap::new(),
+        }
+    }
+
+    /// Adds `batch` if the transaction still fits etcd's limits with it and means the same
+    /// as committing the batches one by one; otherwise leaves the plan as it was.
+    pub(crate) fn try_add(&mut self, batch: &Prepared, keys: &Keys) -> bool {
+        if batch.token != self.token
+            || batch
+                .must_exist
+                .iter()
+                .any(|(_, key)| self.writes.contains_key(key))
+        {
+            // A different owner's batch, or one whose check an earlier write would decide.
+            return false;
+        }
+        let mut grown = Plan {
+            token: self.token,
+            writes: self.writes.clone(),
+            must_exist: self.must_exist.clone(),
+        };
+        for (key, write) in &batch.writes {
+            grown.writes.insert(key.clone(), write.clone());
+        }
+        for (id, key) in &batch.must_exist {
+            grown.must_exist.insert(key.clone(), *id);
+        }
+        if !grown.fits(keys) {
+            return false;
+        }
+        *self = grown;
+        true
+    }
+
+    /// Within etcd's op and request-size limits.
+    fn fits(&self, keys: &Keys) -> bool {
+        let compares = usize::from(self.token.is_some()) + self.must_exist.len();
+        let failure_ops = 1 + self.must_exist.len();
+        compares <= MAX_TXN_OPS
+            && self.writes.len() <= MAX_TXN_OPS
+            && failure_ops <= MAX_TXN_OPS
+            && self.request_bytes(keys) <= MAX_REQUEST_BYTES
+    }
+
+    /// An upper bound of the request's encoded size.
+    fn request_bytes(&self, keys: &Keys) -> usize {
+        let writes: usize = self
+            .writes
+            .iter()
+            .map(|(key, write)| {
+                let value = match write {
+                    Write::Put(value) => value.len(),
+                    Write::Delete => 0,
+                };
+                key.len() + value + PER_KEY
+            })
+            .sum();
+        // Each must-exist key appears twice: in a compare and in a failure get.
+        let checks: usize = self
+            .must_exist
+            .keys()
+            .map(|key| 2 * (key.len() + PER_KEY))
+            .sum();
+        let leader = 2 * (keys.leader().len() + PER_KEY);
+        REQUEST_SLACK + writes + checks + leader
+    }
+
+    /// The ids whose existence the transaction checks.
+    pub(crate) fn must_exist(&self) -> impl Iterator<Item = ProcId> + '_ {
+        self.must_exist.values().copied()
+    }
+
+    pub(crate) fn token(&self) -> Option<u64> {
+        self.token
+    }
+
+    /// The transaction: if the leader key is still the one of this token and every
+    /// must-exist record exists, write; otherwise read the leader key and those records,
+    /// so the caller can say which check failed.
+    pub(crate) fn txn(&self, keys: &Keys) -> Txn {
+        let mut compares = Vec::with_capacity(1 + self.must_exist.len());
+        if let Some(token) = self.token {
+            compares.push(Compare::create_revision(
+                keys.leader(),
+                CompareOp::Equal,
+                i64::try_from(token).unwrap_or(i64::MAX),
+            ));
+        }
+        let mut failure = vec![TxnOp::get(keys.leader(), None)];
+        for key in self.must_exist.keys() {
+            compares.push(Compare::version(key.clone(), CompareOp::Greater, 0));
+            failure.push(TxnOp::get(
+                key.clone(),
+                Some(GetOptions::new().with_keys_only()),
+            ));
+        }
+        let success: Vec<TxnOp> = self
+            .writes
+            .iter()
+            .map(|(key, write)| match write {
+                Write::Put(value) => TxnOp::put(key.clone(), value.clone(), None),
+                Write::Delete => TxnOp::delete(key.clone(), None),
+            })
+            .collect();
+        Txn::new().when(compares).and_then(success).or_else(failure)
+    }
+}
+
+/// The largest payload ([`Batch::payload_bytes`](crate::Batch::payload_bytes)) a batch of
+/// at most `MAX_TXN_OPS - 1` ops may carry so that its transaction always fits the request
+/// limit: every op may add a key, a compare and a failure get, and a record header.
+pub(crate) fn max_batch_bytes(keys: &Keys) -> usize {
+    let longest_key = keys.record(u64::MAX).len().max(keys.meta("").len());
+    let per_op = 3 * (longest_key + PER_KEY) + super::record::MAX_HEADER;
+    let leader = 2 * (keys.leader().len() + PER_KEY);
+    MAX_REQUEST_BYTES - REQUEST_SLACK - leader - (MAX_TXN_OPS - 1) * per_op
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prepared(writes: &[(&[u8], Write)], must_exist: &[(ProcId, &[u8])]) -> Prepared {
+        Prepared {
+            writes: writes
+                .iter()
+                .map(|(k, w)| (k.to_vec(), w.clone()))
+                .collect(),
+            must_exist: must_exist.iter().map(|(id, k)| (*id, k.to_vec())).collect(),
+            token: Some(1),
+            parents: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_last_write_to_a_key_wins_and_checks_are_not_decided_by_earlier_writes() {
+        let keys = Keys::new("/t");
+        let mut plan = Plan::new(Some(1));
+        assert!(plan.try_add(&prepared(&[(b"a", Write::Put(vec![1]))], &[]), &keys));
+        assert!(plan.try_add(&prepared(&[(b"a", Write::Delete)], &[]), &keys));
+        assert_eq!(plan.writes[&b"a".to_vec()], Write::Delete);
+        // Its record must exist, but this plan deletes it: commit it on its own.
+        assert!(!plan.try_add(&prepared(&[], &[(5, b"a")]), &keys));
+        // Another owner's batch never joins.
+        let mut other = prepared(&[(b"b", Write::Delete)], &[]);
+        other.token = Some(2);
+        assert!(!plan.try_add(&other, &keys));
+        assert_eq!(plan.writes.len(), 1);
+    }
+
+    #[test]
+    fn a_plan_stops_growing_at_etcds_op_limit() {
+        let keys = Keys::new("/t");
+        let mut plan = Plan::new(Some(1));
+        let mut added = 0;
+        while plan.try_add(
+            &prepared(&[(&keys.record(added), Write::Delete)], &[]),
+            &keys,
+        ) {
+            added += 1;
+        }
+        assert_eq!(added as usize, MAX_TXN_OPS);
+    }
+
+    #[test]
+    fn the_byte_limit_is_the_one_docs_format_md_gives() {
+        let prefix = "/procflow/orders/abc";
+        assert_eq!(prefix.len(), 20);
+        assert_eq!(max_batch_bytes(&Keys::new(prefix)), 1_548_005);
+    }
+
+    #[test]
+    fn a_batch_within_the_limits_always_fits_alone() {
+        let keys = Keys::new("/a/rather/long/prefix/for/the/store");
+        let budget = max_batch_bytes(&keys);
+        let mut batch = prepared(&[], &[]);
+        for id in 0..(MAX_TXN_OPS as u64 - 1) {
+            // A `Finish` of a record written elsewhere: a write, a compare, a failure get.
+            let value = vec![0; budget / (MAX_TXN_OPS - 1) + super::super::record::MAX_HEADER];
+            batch.writes.push((keys.record(id), Write::Put(value)));
+            batch.must_exist.push((id, keys.record(id)));
+        }
+        assert!(Plan::new(Some(1)).try_add(&batch, &keys));
+    }
+}

@@ -1,0 +1,271 @@
+//! `EtcdStore` on a real 3-member etcd cluster on 127.0.0.1 (started per test by
+//! `LocalCluster`; `sudo apt-get install -y etcd-server` if `etcd` is missing): the store
+//! contract that MemStore and WalStore pass, etcd's limits, group commit and paged loads.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::contract::Subject;
+use procflow_store::etcd::etcd_client::Client;
+use procflow_store::etcd::{EtcdConfig, EtcdStore, LocalCluster};
+use procflow_store::{Batch, Loaded, Store, StoreError};
+
+fn cluster() -> LocalCluster {
+    LocalCluster::start(3).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A store under a prefix no other store of the test uses.
+async fn store(
+    cluster: &LocalCluster,
+    config: impl FnOnce(EtcdConfig) -> EtcdConfig,
+) -> (EtcdStore, EtcdConfig) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let prefix = format!("/test/{}", NEXT.fetch_add(1, Ordering::Relaxed));
+    let config = config(EtcdConfig::new(cluster.endpoints(), prefix));
+    (EtcdStore::connect(config.clone()).await.unwrap(), config)
+}
+
+/// Makes a new leader key: its create revision supersedes every earlier one.
+async fn new_owner(client: Client, leader_key: String) -> u64 {
+    let mut client = client;
+    client.delete(leader_key.clone(), None).await.unwrap();
+    let put = client.put(leader_key, "owner", None).await.unwrap();
+    u64::try_from(put.header().unwrap().revision()).unwrap()
+}
+
+/// The cluster's current revision: each transaction that writes adds one.
+async fn revision(client: &Client) -> i64 {
+    let mut client = client.clone();
+    let status = client.get("/", None).await.unwrap();
+    status.header().unwrap().revision()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_store_contract() {
+    let cluster = cluster();
+    common::contract::run_all(|| async {
+        let (store, config) = store(&cluster, |c| c).await;
+        let (client, leader) = (store.client(), config.leader_key());
+        Subject {
+            store: Arc::new(store),
+            new_owner: Box::new(move || Box::pin(new_owner(client.clone(), leader.clone()))),
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_at_the_limits_commit_and_one_over_is_too_large_and_writes_nothing() {
+    let cluster = cluster();
+    let (store, config) = store(&cluster, |c| c).await;
+    let limits = store.limits();
+    let (max_ops, max_bytes) = (
+        limits.max_ops_per_batch.unwrap(),
+        limits.max_batch_bytes.unwrap(),
+    );
+    assert_eq!(
+        max_ops, 127,
+        "etcd's 128 ops per transaction, less the fencing compare"
+    );
+    assert!(
+        max_bytes > 1_400_000,
+        "close to etcd's 1.5 MiB: {max_bytes}"
+    );
+    let token = new_owner(store.client(), config.leader_key()).await;
+
+    // Exactly at both limits, fenced, with the most compares a batch can need: every op a
+    // `Finish` of a record written by an earlier batch.
+    let ops = max_ops as u64;
+    let mut puts = Batch::new();
+    for id in 0..ops {
+        puts = puts.put(id, Some(1000 + id), vec![]);
+    }
+    store.commit(puts.with_fencing_token(token)).await.unwrap();
+    let per_op = max_bytes / max_ops;
+    let mut full = Batch::new();
+    for id in 0..ops {
+        let extra = if id == 0 {
+            max_bytes - per_op * max_ops
+        } else {
+            0
+        };
+        full = full.finish(id, vec![7; per_op + extra]);
+    }
+    assert_eq!((full.ops.len(), full.payload_bytes()), (max_ops, max_bytes));
+    store.commit(full.with_fencing_token(token)).await.unwrap();
+    let loaded = store.load().await.unwrap();
+    assert_eq!(loaded.records.len(), max_ops);
+    assert!(
+        loaded
+            .records
+            .iter()
+            .all(|r| r.finished && r.parent == Some(1000 + r.id))
+    );
+
+    // One op over.
+    let mut too_many = Batch::new();
+    for id in 0..=ops {
+        too_many = too_many.put(500 + id, None, vec![]);
+    }
+    let err = store.commit(too_many).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::TooLarge {
+                what: "ops per batch",
+                size: 128,
+                limit: 127
+            }
+        ),
+        "{err}"
+    );
+    // One byte over, across several values; and one value over.
+    let half = max_bytes / 2;
+    let too_big =
+        Batch::new()
+            .put(900, None, vec![0; half])
+            .put(901, None, vec![0; max_bytes - half + 1]);
+    let err = store.commit(too_big).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::TooLarge {
+                what: "batch bytes",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = store
+        .commit(Batch::new().put(902, None, vec![0; max_bytes + 1]))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::TooLarge { .. }), "{err}");
+    assert_eq!(
+        store.load().await.unwrap(),
+        loaded,
+        "nothing of the refused batches was written"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_commits_share_transactions() {
+    let cluster = cluster();
+    let (store, _) = store(&cluster, |c| c).await;
+    let store = Arc::new(store);
+    let client = store.client();
+    let before = revision(&client).await;
+    let mut tasks = Vec::new();
+    for writer in 0..64u64 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            for step in 0..10u64 {
+                // Every writer also bumps the same metadata key: merged, not refused.
+                let batch = Batch::new()
+                    .put(writer, None, step.to_le_bytes().to_vec())
+                    .put_meta("last_writer", writer.to_le_bytes().to_vec());
+                store.commit(batch).await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let transactions = revision(&client).await - before;
+    println!("640 batches in {transactions} transactions");
+    assert!(
+        transactions < 320,
+        "640 batches took {transactions} transactions"
+    );
+    let loaded = store.load().await.unwrap();
+    assert_eq!(loaded.records.len(), 64);
+    assert!(
+        loaded
+            .records
+            .iter()
+            .all(|r| r.value == 9u64.to_le_bytes()[..])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_reads_in_pages_at_one_revision() {
+    let cluster = cluster();
+    let (store, config) = store(&cluster, |c| c.page_size(7)).await;
+    let mut expected = Loaded::default();
+    for chunk in 0..10u64 {
+        let mut batch = Batch::new();
+        for id in chunk * 10..chunk * 10 + 10 {
+            batch = batch.put(id, id.checked_sub(1), id.to_le_bytes().to_vec());
+        }
+        batch = batch.put_meta(format!("k{chunk}"), vec![chunk as u8]);
+        store.commit(batch).await.unwrap();
+    }
+    for id in 0..100u64 {
+        expected.records.push(procflow_store::Record {
+            id,
+            parent: id.checked_sub(1),
+            finished: false,
+            value: id.to_le_bytes().to_vec().into(),
+        });
+    }
+    for chunk in 0..10u8 {
+        expected.meta.insert(format!("k{chunk}"), vec![chunk]);
+    }
+    assert_eq!(store.load().await.unwrap(), expected);
+    // Another store on the same prefix (a new leader) sees the same.
+    let other = EtcdStore::connect(config).await.unwrap();
+    assert_eq!(other.load().await.unwrap(), expected);
+    assert_eq!(other.list().await.unwrap().len(), 100);
+    // It finishes a record it never wrote: the parent is read from etcd.
+    other
+        .commit(Batch::new().finish(42, b"done".to_vec()))
+        .await
+        .unwrap();
+    let record = store.get(42).await.unwrap().unwrap();
+    assert!(record.finished);
+    assert_eq!(record.parent, Some(41));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_without_quorum_is_an_unknown_outcome_then_recovers() {
+    let mut cluster = cluster();
+    let (store, _) = store(&cluster, |c| {
+        c.request_timeout(std::time::Duration::from_secs(2))
+    })
+    .await;
+    store
+        .commit(Batch::new().put(1, None, vec![1]))
+        .await
+        .unwrap();
+    cluster.kill(1).unwrap();
+    cluster.kill(2).unwrap();
+    let err = store
+        .commit(Batch::new().put(2, None, vec![2]))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Io { .. }), "{err}");
+    println!("without quorum: {err}");
+    cluster.restart(1).unwrap();
+    cluster.restart(2).unwrap();
+    // Committed or not, the store takes writes again and lost nothing acknowledged.
+    let mut attempts = 0;
+    while let Err(error) = store.commit(Batch::new().put(3, None, vec![3])).await {
+        attempts += 1;
+        assert!(
+            attempts < 20,
+            "no write after the members came back: {error}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    let ids: Vec<u64> = store
+        .load()
+        .await
+        .unwrap()
+        .records
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    assert!(ids == [1, 3] || ids == [1, 2, 3], "{ids:?}");
+}
