@@ -210,3 +210,141 @@ async fn terms_of_a_local_election_only_grow_and_resigning_twice_is_harmless() {
     assert_eq!(election.current(), Some(second));
     a.lost(first).await; // already over: resolves at once
 }
+
+/// The same group on a real 3-member etcd cluster: each member has its own connection, as
+/// separate processes would, and the election and the fencing are etcd's.
+#[cfg(feature = "etcd")]
+mod on_etcd {
+    use super::*;
+    use procflow::group::EtcdElection;
+    use procflow_store::etcd::etcd_client::Client;
+    use procflow_store::etcd::{EtcdConfig, EtcdStore, LocalCluster};
+    use procflow_store::{Batch, StoreError};
+
+    const TTL: Duration = Duration::from_secs(2);
+
+    async fn etcd_member(config: &EtcdConfig, address: &str, env: &Arc<Env>) -> ExecutorGroup<Env> {
+        let store: Arc<dyn Store> = Arc::new(EtcdStore::connect(config.clone()).await.unwrap());
+        let client = EtcdStore::connect(config.clone()).await.unwrap().client();
+        let election = EtcdElection::new(client, config, address, TTL);
+        let env = Arc::clone(env);
+        ExecutorGroup::join(Arc::new(election), address, move || {
+            Executor::builder_shared(Arc::clone(&store), Arc::clone(&env)).register::<MoveState>()
+        })
+    }
+
+    async fn client(config: &EtcdConfig) -> Client {
+        Client::connect(config.endpoints(), None).await.unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_etcd_a_standby_takes_over_when_the_leaders_key_goes_and_resumes_its_work() {
+        let cluster = LocalCluster::start(3).unwrap_or_else(|e| panic!("{e}"));
+        let config = EtcdConfig::new(cluster.endpoints(), "/group/takeover");
+        let envs = [Env::new(false), Env::new(true), Env::new(true)];
+        let first = etcd_member(&config, "m0:7000", &envs[0]).await;
+        let leader = first.leading().await;
+        let old_term = first.term().unwrap();
+        let others = [
+            etcd_member(&config, "m1:7000", &envs[1]).await,
+            etcd_member(&config, "m2:7000", &envs[2]).await,
+        ];
+        match others[0].executor().await {
+            Err(GroupError::NotLeader { leader }) => assert_eq!(leader.as_deref(), Some("m0:7000")),
+            other => panic!("a standby answered {:?}", other.map(|_| ())),
+        }
+        let mut ids = Vec::new();
+        for _ in 0..5 {
+            ids.push(leader.submit(Move).await.unwrap());
+        }
+        eventually("five procedures in Work", || envs[0].worked() == 5).await;
+
+        // The leader key goes (as when its lease expires): the old leader stops, a standby
+        // wins a newer term and finishes the five.
+        client(&config)
+            .await
+            .delete(config.leader_key(), None)
+            .await
+            .unwrap();
+        let at = leader_of(&[&others[0], &others[1]]).await;
+        let new = &others[at];
+        assert!(new.term().unwrap().token > old_term.token);
+        let executor = new.executor().await.unwrap();
+        for &id in &ids {
+            assert!(matches!(
+                executor.wait(id).await.unwrap(),
+                Outcome::Succeeded
+            ));
+        }
+        eventually("the old leader to stop", || leader.halted().is_some()).await;
+        for member in [&first, &others[0], &others[1]] {
+            member.shutdown().await.unwrap();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_etcd_a_replaced_leader_that_did_not_notice_is_fenced_by_etcd_itself() {
+        let cluster = LocalCluster::start(3).unwrap_or_else(|e| panic!("{e}"));
+        let config = EtcdConfig::new(cluster.endpoints(), "/group/fenced");
+        let mut outside = client(&config).await;
+        // An old leader: its term is the leader key's create revision. It never hears
+        // that it lost (as if paused), so only etcd can stop it.
+        let put = outside
+            .put(config.leader_key(), "old:1", None)
+            .await
+            .unwrap();
+        let old_token = put.header().unwrap().revision() as u64;
+        let store: Arc<dyn Store> = Arc::new(EtcdStore::connect(config.clone()).await.unwrap());
+        let env = Env::new(false);
+        let old = Executor::builder_shared(Arc::clone(&store), Arc::clone(&env))
+            .register::<MoveState>()
+            .fencing_token(old_token)
+            .start()
+            .await
+            .unwrap();
+        let id = old.submit(Move).await.unwrap();
+        eventually("the procedure in Work", || env.worked() == 1).await;
+
+        // A new leader takes the key.
+        outside.delete(config.leader_key(), None).await.unwrap();
+        let put = outside
+            .put(config.leader_key(), "new:1", None)
+            .await
+            .unwrap();
+        let new_token = put.header().unwrap().revision() as u64;
+        let before = store.load().await.unwrap();
+
+        // The old leader's step ends and tries to persist: etcd refuses, it halts.
+        env.gate.add_permits(1);
+        eventually("the old leader to halt", || old.halted().is_some()).await;
+        match old.halted() {
+            Some(ExecutorError::Fenced { token, highest }) => {
+                assert_eq!((token, highest), (old_token, new_token));
+            }
+            other => panic!("halted with {other:?}"),
+        }
+        assert_eq!(
+            store.load().await.unwrap(),
+            before,
+            "nothing of the old leader landed"
+        );
+        assert!(
+            !before
+                .records
+                .iter()
+                .find(|r| r.id == id.get())
+                .unwrap()
+                .finished
+        );
+        // The same batch with the new token goes through.
+        let err = store
+            .commit(Batch::new().delete(id.get()).with_fencing_token(old_token))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Fenced { .. }), "{err}");
+        store
+            .commit(Batch::new().delete(id.get()).with_fencing_token(new_token))
+            .await
+            .unwrap();
+    }
+}

@@ -52,9 +52,13 @@
 //! ```
 
 mod election;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod local;
 
 pub use election::{Election, ElectionError, Term};
+#[cfg(feature = "etcd")]
+pub use etcd::EtcdElection;
 pub use local::{LocalCandidate, LocalElection};
 
 use crate::executor::{Executor, ExecutorBuilder, ExecutorError};

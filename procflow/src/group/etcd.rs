@@ -1,0 +1,342 @@
+//! [`EtcdElection`]: the group's election in etcd (cargo feature `etcd`).
+//!
+//! A candidate campaigns by creating the store's leader key (`{prefix}/leader`) under a
+//! lease of its own, in a transaction that succeeds only if the key does not exist. The
+//! key's create revision is the term's fencing token, the very number `EtcdStore`
+//! compares in every fenced transaction: no other election state exists.
+//!
+//! A leader keeps its lease alive every third of the TTL and ends its term (makes
+//! [`lost`](Election::lost) resolve) when two thirds of the TTL have passed since the
+//! send of its last acknowledged keep-alive: the lease, renewed no earlier than that
+//! send, cannot have expired yet. It also ends the term when the key is deleted or
+//! replaced. Standbys watch the key and campaign again when it goes.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use procflow_store::BoxFuture;
+use procflow_store::etcd::EtcdConfig;
+use procflow_store::etcd::etcd_client::{
+    Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::election::{Election, ElectionError, Term};
+
+/// One candidate of the election on an etcd store's leader key; see the
+/// [module docs](self).
+///
+/// # Examples
+///
+/// ```no_run
+/// use procflow::group::EtcdElection;
+/// use procflow_store::etcd::{EtcdConfig, EtcdStore};
+/// use std::time::Duration;
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let config = EtcdConfig::new(["127.0.0.1:2379"], "/myapp/procedures");
+/// let store = EtcdStore::connect(config.clone()).await?;
+/// let election = EtcdElection::new(store.client(), &config, "10.0.0.1:7000", Duration::from_secs(3));
+/// # Ok(())
+/// # }
+/// ```
+pub struct EtcdElection {
+    client: Client,
+    key: String,
+    address: String,
+    ttl: Duration,
+    request_timeout: Duration,
+    terms: Mutex<HashMap<u64, Held>>,
+}
+
+/// A term this candidate holds: its lease, and the task keeping it.
+struct Held {
+    lease: i64,
+    lost: watch::Receiver<bool>,
+    keeper: JoinHandle<()>,
+}
+
+impl EtcdElection {
+    /// A candidate advertising `address` on the leader key of the store `config`
+    /// describes, through `client` (e.g. [`EtcdStore::client`](procflow_store::etcd::EtcdStore::client)).
+    /// Its terms hold a lease of `ttl` (rounded up to whole seconds, at least 2: etcd's
+    /// minimum); a dead leader is replaced about `ttl` after its last keep-alive.
+    #[must_use]
+    pub fn new(
+        client: Client,
+        config: &EtcdConfig,
+        address: impl Into<String>,
+        ttl: Duration,
+    ) -> Self {
+        Self {
+            client,
+            key: config.leader_key(),
+            address: address.into(),
+            ttl: Duration::from_secs(ttl.as_secs_f64().ceil().max(2.0) as u64),
+            request_timeout: Duration::from_secs(2),
+            terms: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The lease TTL terms hold.
+    #[must_use]
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    fn terms(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Held>> {
+        self.terms.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn call<T>(
+        &self,
+        what: &str,
+        request: impl Future<Output = Result<T, procflow_store::etcd::etcd_client::Error>>,
+    ) -> Result<T, ElectionError> {
+        match tokio::time::timeout(self.request_timeout, request).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(error)) => Err(ElectionError::with_source(format!("etcd: {what}"), error)),
+            Err(_) => Err(ElectionError::new(format!(
+                "etcd: {what}: no answer within {:?}",
+                self.request_timeout
+            ))),
+        }
+    }
+
+    /// One attempt: `Ok(Some(term))` if this candidate now leads, `Ok(None)` after the
+    /// current leader's key went away (try again).
+    async fn try_once(&self) -> Result<Option<Term>, ElectionError> {
+        let mut client = self.client.clone();
+        let ttl = i64::try_from(self.ttl.as_secs()).unwrap_or(i64::MAX);
+        let lease = self
+            .call("granting a lease", client.lease_grant(ttl, None))
+            .await?
+            .id();
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.clone(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then([TxnOp::put(
+                self.key.clone(),
+                self.address.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            )])
+            .or_else([TxnOp::get(self.key.clone(), None)]);
+        let response = match self.call("campaigning", client.txn(txn)).await {
+            Ok(response) => response,
+            Err(error) => {
+                let _ = client.lease_revoke(lease).await;
+                return Err(error);
+            }
+        };
+        let revision = response.header().map_or(0, |h| h.revision());
+        if response.succeeded() {
+            let token = u64::try_from(revision)
+                .map_err(|_| ElectionError::new("etcd: negative revision"))?;
+            self.hold(token, lease);
+            return Ok(Some(Term { token }));
+        }
+        // Someone leads: give the lease back, and wait for their key to go.
+        let _ = self
+            .call("revoking a lease", client.lease_revoke(lease))
+            .await;
+        let leader_exists = response
+            .op_responses()
+            .into_iter()
+            .any(|r| matches!(r, TxnOpResponse::Get(get) if !get.kvs().is_empty()));
+        if leader_exists {
+            self.deleted_after(revision).await?;
+        }
+        Ok(None)
+    }
+
+    /// Waits until the leader key is deleted after `revision`.
+    async fn deleted_after(&self, revision: i64) -> Result<(), ElectionError> {
+        let mut client = self.client.clone();
+        let options = WatchOptions::new().with_start_revision(revision + 1);
+        let mut stream = self
+            .call(
+                "watching the leader key",
+                client.watch(self.key.clone(), Some(options)),
+            )
+            .await?;
+        loop {
+            match stream.message().await {
+                Ok(Some(response)) => {
+                    if response.canceled()
+                        || response
+                            .events()
+                            .iter()
+                            .any(|e| e.event_type() == EventType::Delete)
+                    {
+                        return Ok(());
+                    }
+                }
+                Ok(None) => return Ok(()),
+                Err(error) => {
+                    return Err(ElectionError::with_source(
+                        "etcd: watching the leader key",
+                        error,
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Starts keeping the term's lease alive.
+    fn hold(&self, token: u64, lease: i64) {
+        let (lost_tx, lost) = watch::channel(false);
+        let keeper = tokio::spawn(keep(
+            self.client.clone(),
+            self.key.clone(),
+            token,
+            lease,
+            self.ttl,
+            lost_tx,
+        ));
+        self.terms().insert(
+            token,
+            Held {
+                lease,
+                lost,
+                keeper,
+            },
+        );
+    }
+}
+
+/// Keeps `lease` alive until the term is lost; then says so on `lost`.
+async fn keep(
+    client: Client,
+    key: String,
+    token: u64,
+    lease: i64,
+    ttl: Duration,
+    lost: watch::Sender<bool>,
+) {
+    let reason = tokio::select! {
+        reason = renew(client.clone(), lease, ttl) => reason,
+        reason = key_gone(client, key, token) => reason,
+    };
+    tracing::warn!(token, lease, %reason, "leadership term over");
+    lost.send_replace(true);
+}
+
+/// Renews every third of `ttl`; returns when two thirds of it passed since the send of
+/// the last acknowledged renewal.
+async fn renew(mut client: Client, lease: i64, ttl: Duration) -> String {
+    let (mut keeper, mut stream) = match client.lease_keep_alive(lease).await {
+        Ok(pair) => pair,
+        Err(error) => return format!("cannot keep the lease alive: {error}"),
+    };
+    let mut safe_until = Instant::now() + ttl * 2 / 3;
+    loop {
+        let sent = Instant::now();
+        let answer = async {
+            keeper.keep_alive().await?;
+            stream.message().await
+        };
+        let budget = safe_until.saturating_duration_since(sent);
+        match tokio::time::timeout(budget, answer).await {
+            Ok(Ok(Some(response))) if response.ttl() > 0 => safe_until = sent + ttl * 2 / 3,
+            Ok(Ok(Some(_))) => return "the lease expired".into(),
+            Ok(Ok(None)) => return "the keep-alive stream ended".into(),
+            Ok(Err(error)) => return format!("keep-alive failed: {error}"),
+            Err(_) => return "no keep-alive acknowledged in time: stepping down before the lease can expire".into(),
+        }
+        tokio::time::sleep_until((sent + ttl / 3).into()).await;
+        if Instant::now() >= safe_until {
+            return "no keep-alive acknowledged in time: stepping down before the lease can expire"
+                .into();
+        }
+    }
+}
+
+/// Returns when the leader key of term `token` is deleted or replaced.
+async fn key_gone(mut client: Client, key: String, token: u64) -> String {
+    let start = i64::try_from(token).unwrap_or(i64::MAX);
+    let mut stream = match client
+        .watch(key, Some(WatchOptions::new().with_start_revision(start)))
+        .await
+    {
+        Ok(stream) => stream,
+        // The renewals still guard the term.
+        Err(_) => return std::future::pending().await,
+    };
+    loop {
+        match stream.message().await {
+            Ok(Some(response)) => {
+                for event in response.events() {
+                    let ours = event.kv().is_some_and(|kv| kv.create_revision() == start);
+                    if event.event_type() == EventType::Delete || !ours {
+                        return "the leader key was deleted or replaced".into();
+                    }
+                }
+            }
+            _ => return std::future::pending().await,
+        }
+    }
+}
+
+impl Election for EtcdElection {
+    fn campaign(&self) -> BoxFuture<'_, Result<Term, ElectionError>> {
+        Box::pin(async move {
+            loop {
+                if let Some(term) = self.try_once().await? {
+                    return Ok(term);
+                }
+            }
+        })
+    }
+
+    fn lost(&self, term: Term) -> BoxFuture<'_, ()> {
+        let lost = self.terms().get(&term.token).map(|held| held.lost.clone());
+        Box::pin(async move {
+            if let Some(mut lost) = lost {
+                let _ = lost.wait_for(|lost| *lost).await;
+            }
+        })
+    }
+
+    fn resign(&self, term: Term) -> BoxFuture<'_, Result<(), ElectionError>> {
+        let held = self.terms().remove(&term.token);
+        Box::pin(async move {
+            let Some(held) = held else { return Ok(()) };
+            held.keeper.abort();
+            let mut client = self.client.clone();
+            // Revoking the lease deletes the key: a standby wins at once.
+            self.call(
+                "revoking the leader's lease",
+                client.lease_revoke(held.lease),
+            )
+            .await
+            .map(drop)
+        })
+    }
+
+    fn leader(&self) -> BoxFuture<'_, Result<Option<String>, ElectionError>> {
+        Box::pin(async move {
+            let mut client = self.client.clone();
+            let response = self
+                .call("reading the leader key", client.get(self.key.clone(), None))
+                .await?;
+            Ok(response
+                .kvs()
+                .first()
+                .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
+        })
+    }
+}
+
+impl Drop for EtcdElection {
+    fn drop(&mut self) {
+        for held in self.terms().values() {
+            held.keeper.abort();
+        }
+    }
+}
