@@ -24,13 +24,13 @@
 //! use procflow_store::etcd::{EtcdConfig, EtcdStore};
 //! use procflow_store::{Batch, Store};
 //!
-//! # async fn run() -> Result<(), procflow_store::StoreError> {
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
 //! let config = EtcdConfig::new(["127.0.0.1:2379"], "/myapp/procedures");
 //! let store = EtcdStore::connect(config).await?;
 //! store.commit(Batch::new().put(1, None, b"step 1".to_vec())).await?;
 //! assert_eq!(store.load().await?.records.len(), 1);
-//! # Ok(())
-//! # }
+//! # Ok::<(), procflow_store::StoreError>(())
+//! # }).unwrap();
 //! ```
 
 mod cluster;

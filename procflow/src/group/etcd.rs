@@ -32,16 +32,35 @@ use super::election::{Election, ElectionError, Term};
 /// # Examples
 ///
 /// ```no_run
-/// use procflow::group::EtcdElection;
+/// use procflow::executor::Executor;
+/// use procflow::group::{EtcdElection, ExecutorGroup};
 /// use procflow_store::etcd::{EtcdConfig, EtcdStore};
+/// use std::sync::Arc;
 /// use std::time::Duration;
-///
-/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// let config = EtcdConfig::new(["127.0.0.1:2379"], "/myapp/procedures");
-/// let store = EtcdStore::connect(config.clone()).await?;
-/// let election = EtcdElection::new(store.client(), &config, "10.0.0.1:7000", Duration::from_secs(3));
-/// # Ok(())
+/// # use procflow::prelude::*;
+/// # #[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+/// # #[state_machine(procedure = Job)]
+/// # enum JobState { #[initial] #[transition(to = [Done])] Start, #[terminal] Done }
+/// # #[derive(serde::Serialize, serde::Deserialize)]
+/// # struct Job;
+/// # impl JobStateHandlers for Job {
+/// #     async fn start(&mut self, _: &Context<()>) -> Step<job_state::Start> {
+/// #         Ok(job_state::Start::Done.into())
+/// #     }
 /// # }
+///
+/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// let config = EtcdConfig::new(["127.0.0.1:2379"], "/myapp/procedures");
+/// let store = Arc::new(EtcdStore::connect(config.clone()).await?);
+/// let election = EtcdElection::new(store.client(), &config, "10.0.0.1:7000", Duration::from_secs(3));
+/// let group = ExecutorGroup::join(Arc::new(election), "10.0.0.1:7000", move || {
+///     Executor::builder(store.clone(), ()).register::<JobState>()
+/// });
+/// // Every process runs the same; one leads, the others answer `NotLeader`.
+/// let executor = group.leading().await;
+/// executor.submit(Job).await?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # }).unwrap();
 /// ```
 pub struct EtcdElection {
     client: Client,

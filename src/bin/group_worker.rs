@@ -1,0 +1,248 @@
+//! One member of an executor group on etcd: the process `tests/etcd_failover.rs` and
+//! `examples/cluster.rs` start three of, and kill.
+//!
+//! ```text
+//! group_worker --endpoints HOST:PORT,... --prefix P --name NAME --ledger DIR
+//!              [--procedures 100] [--steps 20] [--step-ms 20] [--ttl 2] [--fencing-only]
+//! ```
+//!
+//! Joins the group on the etcd store under `--prefix`. When it leads, it prints
+//! `leading NAME token T`, submits the `--procedures` chains (with nonces, so a new
+//! leader submits the same ones) and prints `all done N` once every one succeeded. Each
+//! step appends `procedure step token` to the ledger in `DIR`, an outside system that
+//! checks the token: it refuses a write whose token is lower than one it has seen (the
+//! pattern `Context::fencing_token` is for), so a replaced leader's late effects do not
+//! land. Steps are idempotent: a step whose line is already there is not written again.
+//! If its executor stops, it prints `halted: REASON`. `--fencing-only` keeps the leader
+//! from stepping down when its lease is lost, to show that etcd's fencing alone stops it.
+
+use procflow::executor::{Executor, SubmitOptions};
+use procflow::group::{Election, ElectionError, EtcdElection, ExecutorGroup, Term};
+use procflow::prelude::*;
+use procflow::store::BoxFuture;
+use procflow_store::etcd::{EtcdConfig, EtcdStore};
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Seek, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Chain, env = Ledger, name = "chain")]
+enum ChainState {
+    #[initial]
+    #[transition(to = [Work, Done])]
+    Work,
+    #[terminal]
+    Done,
+}
+
+/// The outside system every step writes to: `DIR/ledger`, one line per effect, guarded by
+/// an exclusive lock on the file.
+struct Ledger {
+    path: PathBuf,
+    step_delay: Duration,
+}
+
+impl Ledger {
+    /// Appends `procedure step token` unless it is there already; refuses a token lower
+    /// than the highest the ledger holds.
+    fn record(&self, procedure: u32, step: u32, token: u64) -> std::io::Result<()> {
+        use fs4::FileExt;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(&self.path)?;
+        FileExt::lock(&file)?;
+        let mut text = String::new();
+        file.rewind()?;
+        file.read_to_string(&mut text)?;
+        let mut highest = 0;
+        let mut done = false;
+        for line in text.lines() {
+            let fields: Vec<u64> = line.split(' ').filter_map(|f| f.parse().ok()).collect();
+            if let [p, s, t] = fields[..] {
+                highest = highest.max(t);
+                done |= (p, s) == (u64::from(procedure), u64::from(step));
+            }
+        }
+        if token < highest {
+            return Err(std::io::Error::other(format!(
+                "ledger: token {token} is stale (seen {highest})"
+            )));
+        }
+        if !done {
+            file.write_all(format!("{procedure} {step} {token}\n").as_bytes())?;
+        }
+        Ok(()) // The lock goes with the file.
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Chain {
+    index: u32,
+    steps: u32,
+    done: u32,
+}
+
+impl ChainStateHandlers for Chain {
+    async fn work(&mut self, ctx: &Context<Ledger>) -> Step<chain_state::Work> {
+        let step = self.done + 1;
+        let token = ctx.fencing_token().unwrap_or(0);
+        ctx.env().record(self.index, step, token).retryable()?;
+        tokio::time::sleep(ctx.env().step_delay).await;
+        self.done = step;
+        Ok(if step == self.steps {
+            chain_state::Work::Done
+        } else {
+            chain_state::Work::Work
+        }
+        .into())
+    }
+}
+
+/// An election whose terms never end on their own: a leader that lost its lease goes on
+/// as if it had not noticed (`--fencing-only`).
+struct Oblivious(EtcdElection);
+
+impl Election for Oblivious {
+    fn campaign(&self) -> BoxFuture<'_, Result<Term, ElectionError>> {
+        self.0.campaign()
+    }
+    fn lost(&self, _: Term) -> BoxFuture<'_, ()> {
+        Box::pin(std::future::pending())
+    }
+    fn resign(&self, term: Term) -> BoxFuture<'_, Result<(), ElectionError>> {
+        self.0.resign(term)
+    }
+    fn leader(&self) -> BoxFuture<'_, Result<Option<String>, ElectionError>> {
+        self.0.leader()
+    }
+}
+
+struct Args {
+    endpoints: Vec<String>,
+    prefix: String,
+    name: String,
+    ledger: PathBuf,
+    procedures: u32,
+    steps: u32,
+    step_ms: u64,
+    ttl: u64,
+    fencing_only: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        endpoints: Vec::new(),
+        prefix: String::new(),
+        name: String::new(),
+        ledger: PathBuf::new(),
+        procedures: 100,
+        steps: 20,
+        step_ms: 20,
+        ttl: 2,
+        fencing_only: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().ok_or(format!("{arg} needs a value"));
+        let number = |v: String| v.parse::<u64>().map_err(|e| format!("{arg}: {e}"));
+        match arg.as_str() {
+            "--endpoints" => args.endpoints = value()?.split(',').map(str::to_owned).collect(),
+            "--prefix" => args.prefix = value()?,
+            "--name" => args.name = value()?,
+            "--ledger" => args.ledger = PathBuf::from(value()?),
+            "--procedures" => args.procedures = number(value()?)? as u32,
+            "--steps" => args.steps = number(value()?)? as u32,
+            "--step-ms" => args.step_ms = number(value()?)?,
+            "--ttl" => args.ttl = number(value()?)?,
+            "--fencing-only" => args.fencing_only = true,
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    if args.endpoints.is_empty() || args.prefix.is_empty() || args.name.is_empty() {
+        return Err("--endpoints, --prefix, --name and --ledger are required".into());
+    }
+    Ok(args)
+}
+
+#[tokio::main]
+async fn main() {
+    if let Err(error) = run().await {
+        eprintln!("group_worker: {error}");
+        std::process::exit(1);
+    }
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Arc::new(parse_args()?);
+    let config = EtcdConfig::new(args.endpoints.clone(), args.prefix.clone())
+        .request_timeout(Duration::from_secs(2));
+    let store: Arc<dyn procflow::store::Store> =
+        Arc::new(EtcdStore::connect(config.clone()).await?);
+    let client = EtcdStore::connect(config.clone()).await?.client();
+    let etcd = EtcdElection::new(client, &config, &args.name, Duration::from_secs(args.ttl));
+    let election: Arc<dyn Election> = if args.fencing_only {
+        Arc::new(Oblivious(etcd))
+    } else {
+        Arc::new(etcd)
+    };
+    let ledger_path = args.ledger.join("ledger");
+    let step_delay = Duration::from_millis(args.step_ms);
+    let group = ExecutorGroup::join(election, args.name.clone(), move || {
+        let ledger = Ledger {
+            path: ledger_path.clone(),
+            step_delay,
+        };
+        Executor::builder_shared(Arc::clone(&store), Arc::new(ledger)).register::<ChainState>()
+    });
+    loop {
+        let executor = group.leading().await;
+        let token = group.term().map_or(0, |t| t.token);
+        say(&format!("leading {} token {token}", args.name));
+        tokio::select! {
+            result = lead(&executor, &args) => match result {
+                Ok(()) => say(&format!("all done {}", args.procedures)),
+                Err(error) => say(&format!("lead failed: {error}")),
+            },
+            () = executor.stopped() => {}
+        }
+        executor.stopped().await;
+        say(&format!(
+            "halted: {}",
+            executor
+                .halted()
+                .map_or_else(|| "shut down".to_owned(), |e| e.to_string())
+        ));
+    }
+}
+
+/// Submits every chain (again, after a takeover: the nonces make that harmless) and waits
+/// until each one succeeded.
+async fn lead(executor: &Executor<Ledger>, args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let mut ids = Vec::new();
+    for index in 0..args.procedures {
+        let chain = Chain {
+            index,
+            steps: args.steps,
+            done: 0,
+        };
+        let options = SubmitOptions::default().nonce(format!("chain-{index}"));
+        ids.push(executor.submit_with(chain, options).await?);
+    }
+    for id in ids {
+        let outcome = executor.wait(id).await?;
+        if !matches!(outcome, procflow::executor::Outcome::Succeeded) {
+            return Err(format!("procedure {id} ended {outcome:?}").into());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,307 @@
+//! An executor group of three real processes (`group_worker`) on a real 3-member etcd
+//! cluster (`LocalCluster`; `sudo apt-get install -y etcd-server` if `etcd` is missing).
+//!
+//! * failover: the leader is killed with SIGKILL five times mid-run; each time a standby
+//!   takes over within twice the lease TTL, and at the end every procedure succeeded with
+//!   every ledger entry written exactly once;
+//! * fencing: a leader frozen with SIGSTOP (and built not to step down on its own) is
+//!   replaced; on SIGCONT etcd refuses its next commit, it halts, and the ledger holds no
+//!   write of it after the new leader's first;
+//! * etcd member loss: a follower, then etcd's own leader, is killed mid-run and the
+//!   group keeps going.
+
+#![cfg(unix)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use procflow_store::etcd::LocalCluster;
+
+const PROCEDURES: u32 = 100;
+const STEPS: u32 = 20;
+const TTL_S: u64 = 2;
+
+/// A line a worker printed, and when the test read it.
+struct Line {
+    worker: usize,
+    text: String,
+    at: Instant,
+}
+
+/// Three (or more) `group_worker` processes, their output merged into one channel.
+struct Workers {
+    cluster_endpoints: String,
+    prefix: String,
+    ledger: tempfile::TempDir,
+    extra: Vec<String>,
+    children: Vec<Option<Child>>,
+    lines: mpsc::Receiver<Line>,
+    sender: mpsc::Sender<Line>,
+    log: Vec<String>,
+}
+
+impl Workers {
+    fn start(cluster: &LocalCluster, prefix: &str, count: usize, extra: &[&str]) -> Self {
+        let (sender, lines) = mpsc::channel();
+        let mut workers = Self {
+            cluster_endpoints: cluster.endpoints().join(","),
+            prefix: prefix.to_owned(),
+            ledger: tempfile::tempdir().unwrap(),
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            children: (0..count).map(|_| None).collect(),
+            lines,
+            sender,
+            log: Vec::new(),
+        };
+        for i in 0..count {
+            workers.spawn(i);
+        }
+        workers
+    }
+
+    fn spawn(&mut self, i: usize) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_group_worker"))
+            .args([
+                "--endpoints",
+                &self.cluster_endpoints,
+                "--prefix",
+                &self.prefix,
+            ])
+            .args(["--name", &format!("w{i}")])
+            .arg("--ledger")
+            .arg(self.ledger.path())
+            .args([
+                "--procedures",
+                &PROCEDURES.to_string(),
+                "--steps",
+                &STEPS.to_string(),
+            ])
+            .args(["--ttl", &TTL_S.to_string()])
+            .args(&self.extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("group_worker starts");
+        let stdout = child.stdout.take().unwrap();
+        let sender = self.sender.clone();
+        std::thread::spawn(move || {
+            for text in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = sender.send(Line {
+                    worker: i,
+                    text,
+                    at: Instant::now(),
+                });
+            }
+        });
+        self.children[i] = Some(child);
+    }
+
+    /// Waits up to `within` for a line matching `wanted`.
+    fn expect(&mut self, within: Duration, what: &str, wanted: impl Fn(&Line) -> bool) -> Line {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.log.push(format!("w{}: {}", line.worker, line.text));
+                    if wanted(&line) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!(
+                    "no {what} within {within:?}; workers said:\n{}",
+                    self.log.join("\n")
+                ),
+            }
+        }
+    }
+
+    fn next_leader(&mut self, within: Duration) -> Line {
+        self.expect(within, "new leader", |l| l.text.starts_with("leading "))
+    }
+
+    fn signal(&self, i: usize, signal: &str) {
+        let pid = self.children[i].as_ref().unwrap().id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
+    fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.children[i].take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    /// Every ledger line: (procedure, step, token), in the order they were written.
+    fn ledger(&self) -> Vec<(u64, u64, u64)> {
+        let text = std::fs::read_to_string(self.ledger.path().join("ledger")).unwrap_or_default();
+        text.lines()
+            .map(|line| {
+                let f: Vec<u64> = line.split(' ').map(|f| f.parse().unwrap()).collect();
+                (f[0], f[1], f[2])
+            })
+            .collect()
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for i in 0..self.children.len() {
+            if let Some(child) = self.children[i].as_mut() {
+                let _ = Command::new("kill")
+                    .args(["-CONT", &child.id().to_string()])
+                    .status();
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+fn cluster() -> LocalCluster {
+    LocalCluster::start(3).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Every procedure's steps 1..=STEPS, each exactly once, in order.
+fn assert_ledger_exactly_once(ledger: &[(u64, u64, u64)]) {
+    let mut steps: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for &(procedure, step, _) in ledger {
+        steps.entry(procedure).or_default().push(step);
+    }
+    assert_eq!(steps.len(), PROCEDURES as usize, "every procedure wrote");
+    let expected: Vec<u64> = (1..=u64::from(STEPS)).collect();
+    for (procedure, steps) in steps {
+        assert_eq!(steps, expected, "procedure {procedure}'s ledger");
+    }
+    assert!(
+        ledger.windows(2).all(|w| w[0].2 <= w[1].2),
+        "tokens never go back"
+    );
+}
+
+fn leader_index(line: &Line) -> usize {
+    line.worker
+}
+
+#[test]
+fn the_group_survives_five_leader_kills_with_every_effect_exactly_once() {
+    let cluster = cluster();
+    let mut workers = Workers::start(&cluster, "/failover", 3, &["--step-ms", "100"]);
+    let mut leader = workers.next_leader(Duration::from_secs(30));
+    let mut takeovers = Vec::new();
+    for kill in 1..=5 {
+        // Let the leader make progress, then kill it mid-run.
+        std::thread::sleep(Duration::from_millis(700));
+        let victim = leader_index(&leader);
+        workers.kill(victim);
+        let killed_at = Instant::now();
+        leader = workers.next_leader(Duration::from_secs(4 * TTL_S));
+        assert_ne!(leader.worker, victim);
+        let takeover = leader.at - killed_at;
+        println!(
+            "kill {kill}: takeover: {:.2} s (lease ttl {TTL_S} s) by {}",
+            takeover.as_secs_f64(),
+            leader.text
+        );
+        takeovers.push(takeover);
+        workers.spawn(victim);
+    }
+    workers.expect(Duration::from_secs(120), "all done", |l| {
+        l.text == format!("all done {PROCEDURES}")
+    });
+    let ledger = workers.ledger();
+    assert_ledger_exactly_once(&ledger);
+    let tokens: std::collections::BTreeSet<u64> = ledger.iter().map(|l| l.2).collect();
+    assert!(tokens.len() >= 6, "six leaders wrote: {tokens:?}");
+    for takeover in takeovers {
+        assert!(
+            takeover <= Duration::from_secs(2 * TTL_S),
+            "takeover {takeover:?} > 2 × ttl"
+        );
+    }
+}
+
+#[test]
+fn a_frozen_leader_is_fenced_by_etcd_when_it_wakes() {
+    let cluster = cluster();
+    let mut workers = Workers::start(
+        &cluster,
+        "/fencing",
+        2,
+        &["--step-ms", "100", "--fencing-only"],
+    );
+    let old = workers.next_leader(Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(700));
+    workers.signal(old.worker, "-STOP");
+    // Its lease runs out; the other worker wins and persists progress.
+    let new = workers.next_leader(Duration::from_secs(4 * TTL_S));
+    assert_ne!(new.worker, old.worker);
+    let new_token: u64 = new.text.rsplit(' ').next().unwrap().parse().unwrap();
+    let start = Instant::now();
+    while !workers.ledger().iter().any(|l| l.2 == new_token) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the new leader wrote nothing"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    workers.signal(old.worker, "-CONT");
+    let halted = workers.expect(Duration::from_secs(10), "the old leader halting", |l| {
+        l.worker == old.worker && l.text.starts_with("halted: ")
+    });
+    assert!(halted.text.contains("fenced"), "{}", halted.text);
+    workers.expect(Duration::from_secs(120), "all done", |l| {
+        l.worker == new.worker && l.text == format!("all done {PROCEDURES}")
+    });
+    let ledger = workers.ledger();
+    let first_new = ledger.iter().position(|l| l.2 == new_token).unwrap();
+    let old_token: u64 = old.text.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(
+        ledger[first_new..].iter().all(|l| l.2 != old_token),
+        "no write of the old leader after the new leader's first"
+    );
+    assert_ledger_exactly_once(&ledger);
+}
+
+#[test]
+fn the_group_keeps_going_when_an_etcd_member_dies() {
+    let mut cluster = cluster();
+    let mut workers = Workers::start(&cluster, "/members", 3, &["--step-ms", "50"]);
+    workers.next_leader(Duration::from_secs(30));
+    for target in ["follower", "leader"] {
+        std::thread::sleep(Duration::from_millis(500));
+        let etcd_leader = cluster.leader().expect("etcd has a leader");
+        let victim = if target == "leader" {
+            etcd_leader
+        } else {
+            (etcd_leader + 1) % 3
+        };
+        let before = workers.ledger().len();
+        cluster.kill(victim).unwrap();
+        println!("killed etcd's {target} (member {victim})");
+        let start = Instant::now();
+        while workers.ledger().len() < before + 50 {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no progress after killing etcd's {target}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        println!(
+            "  progress resumed within {:.2} s",
+            start.elapsed().as_secs_f64()
+        );
+        cluster.restart(victim).unwrap();
+    }
+    workers.expect(Duration::from_secs(120), "all done", |l| {
+        l.text == format!("all done {PROCEDURES}")
+    });
+    assert_ledger_exactly_once(&workers.ledger());
+}
