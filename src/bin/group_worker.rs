@@ -1,5 +1,6 @@
 //! One member of an executor group on etcd: the process `tests/etcd_failover.rs` and
-//! `examples/cluster.rs` start three of, and kill.
+//! `examples/cluster.rs` start three of, and kill. (The example includes this file as a
+//! module and runs its `main` in its own child processes.)
 //!
 //! ```text
 //! group_worker --endpoints HOST:PORT,... --prefix P --name NAME --ledger DIR
@@ -169,7 +170,7 @@ fn parse_args() -> Result<Args, String> {
 }
 
 #[tokio::main]
-async fn main() {
+pub async fn main() {
     if let Err(error) = run().await {
         eprintln!("group_worker: {error}");
         std::process::exit(1);
