@@ -26,8 +26,15 @@ use tokio::task::JoinHandle;
 
 use super::election::{Election, ElectionError, Term};
 
-/// One candidate of the election on an etcd store's leader key; see the
-/// [module docs](self).
+/// One candidate of the election on an etcd store's leader key (cargo feature `etcd`).
+///
+/// A candidate campaigns by creating the leader key (`{prefix}/leader`) under a lease of
+/// its own, in a transaction that succeeds only if the key does not exist. The key's
+/// create revision is the term's fencing token, the number `EtcdStore` compares in every
+/// fenced transaction. A leader keeps its lease alive every third of the TTL and ends its
+/// term when two thirds of the TTL have passed since the send of its last acknowledged
+/// keep-alive (the lease cannot have expired yet), or when the key is deleted or replaced.
+/// Standbys watch the key and campaign again when it goes.
 ///
 /// # Examples
 ///
