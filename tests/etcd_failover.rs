@@ -273,7 +273,8 @@ fn a_frozen_leader_is_fenced_by_etcd_when_it_wakes() {
 #[test]
 fn the_group_keeps_going_when_an_etcd_member_dies() {
     let mut cluster = cluster();
-    let mut workers = Workers::start(&cluster, "/members", 3, &["--step-ms", "50"]);
+    // Slow steps: the run must outlast both kills and the stalls they cause.
+    let mut workers = Workers::start(&cluster, "/members", 3, &["--step-ms", "500"]);
     workers.next_leader(Duration::from_secs(30));
     for target in ["follower", "leader"] {
         std::thread::sleep(Duration::from_millis(500));
@@ -284,13 +285,22 @@ fn the_group_keeps_going_when_an_etcd_member_dies() {
             (etcd_leader + 1) % 3
         };
         let before = workers.ledger().len();
+        let total = (PROCEDURES * STEPS) as usize;
+        assert!(
+            before + 50 <= total,
+            "the run ended before etcd's {target} was killed"
+        );
         cluster.kill(victim).unwrap();
         println!("killed etcd's {target} (member {victim})");
         let start = Instant::now();
         while workers.ledger().len() < before + 50 {
+            while let Ok(line) = workers.lines.try_recv() {
+                println!("  w{}: {}", line.worker, line.text);
+            }
             assert!(
                 start.elapsed() < Duration::from_secs(20),
-                "no progress after killing etcd's {target}"
+                "no progress after killing etcd's {target}: {} of {total} ledger entries, {before} before",
+                workers.ledger().len()
             );
             std::thread::sleep(Duration::from_millis(50));
         }

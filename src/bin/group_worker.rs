@@ -223,6 +223,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 .halted()
                 .map_or_else(|| "shut down".to_owned(), |e| e.to_string())
         ));
+        // Until the member has left this term, `leading` would hand out the same executor.
+        while group.term().is_some_and(|t| t.token == token) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 

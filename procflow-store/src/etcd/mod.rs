@@ -277,8 +277,9 @@ impl EtcdStore {
         let key = self.shared.keys.record(id);
         let mut response = self
             .shared
-            .call("reading a record", |mut kv| async move {
-                kv.get(key, None).await
+            .call("reading a record", |mut kv| {
+                let key = key.clone();
+                async move { kv.get(key, None).await }
             })
             .await?;
         let Some(kv) = response.take_kvs().into_iter().next() else {
@@ -330,28 +331,42 @@ impl EtcdStore {
 
 impl Shared {
     /// Runs one request on the key-value client with the store's deadline.
+    /// Runs one request on the key-value client with the store's deadline. A request
+    /// that fails on the connection (a member died, the channel routed to it) is sent
+    /// again until the deadline: every request the store makes may run twice, because a
+    /// transaction is fenced by its token and rewrites the same values.
     pub(crate) async fn call<T, F, Fut>(
         &self,
         context: &'static str,
         request: F,
     ) -> Result<T, StoreError>
     where
-        F: FnOnce(KvClient) -> Fut,
+        F: Fn(KvClient) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        match tokio::time::timeout(self.timeout, request(self.client.kv_client())).await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(error)) => Err(self.io(context, io::Error::other(error))),
-            Err(_) => Err(self.io(
-                context,
-                io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "no answer within {:?}; the outcome is unknown",
-                        self.timeout
-                    ),
-                ),
-            )),
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, request(self.client.kv_client())).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(error))
+                    if is_connection_error(&error) && tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Ok(Err(error)) => return Err(self.io(context, io::Error::other(error))),
+                Err(_) => {
+                    return Err(self.io(
+                        context,
+                        io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!(
+                                "no answer within {:?}; the outcome is unknown",
+                                self.timeout
+                            ),
+                        ),
+                    ));
+                }
+            }
         }
     }
 
@@ -411,8 +426,9 @@ impl Shared {
             }
             let key = from.clone();
             let mut page = self
-                .call("loading the store", |mut kv| async move {
-                    kv.get(key, Some(options)).await
+                .call("loading the store", |mut kv| {
+                    let (key, options) = (key.clone(), options.clone());
+                    async move { kv.get(key, Some(options)).await }
                 })
                 .await?;
             if *revision == 0 {
@@ -432,6 +448,17 @@ impl Shared {
                 return Ok(());
             }
         }
+    }
+}
+
+/// An error of the connection, not an answer of etcd: worth sending again.
+fn is_connection_error(error: &etcd_client::Error) -> bool {
+    use etcd_client::Error;
+    match error {
+        Error::TransportError(_) | Error::IoError(_) => true,
+        // gRPC's codes: 1 cancelled, 2 unknown (tonic's "transport error"), 14 unavailable.
+        Error::GRpcStatus(status) => matches!(status.code() as i32, 1 | 2 | 14),
+        _ => false,
     }
 }
 

@@ -254,31 +254,40 @@ async fn keep(
 }
 
 /// Renews every third of `ttl`; returns when two thirds of it passed since the send of
-/// the last acknowledged renewal.
+/// the last acknowledged renewal. A broken keep-alive stream (the etcd member it ran on
+/// died) is opened again, on whichever member answers, while there is time.
 async fn renew(mut client: Client, lease: i64, ttl: Duration) -> String {
-    let (mut keeper, mut stream) = match client.lease_keep_alive(lease).await {
-        Ok(pair) => pair,
-        Err(error) => return format!("cannot keep the lease alive: {error}"),
-    };
     let mut safe_until = Instant::now() + ttl * 2 / 3;
+    let too_late = "no keep-alive acknowledged in time: stepping down before the lease can expire";
     loop {
-        let sent = Instant::now();
-        let answer = async {
-            keeper.keep_alive().await?;
-            stream.message().await
-        };
-        let budget = safe_until.saturating_duration_since(sent);
-        match tokio::time::timeout(budget, answer).await {
-            Ok(Ok(Some(response))) if response.ttl() > 0 => safe_until = sent + ttl * 2 / 3,
-            Ok(Ok(Some(_))) => return "the lease expired".into(),
-            Ok(Ok(None)) => return "the keep-alive stream ended".into(),
-            Ok(Err(error)) => return format!("keep-alive failed: {error}"),
-            Err(_) => return "no keep-alive acknowledged in time: stepping down before the lease can expire".into(),
-        }
-        tokio::time::sleep_until((sent + ttl / 3).into()).await;
-        if Instant::now() >= safe_until {
-            return "no keep-alive acknowledged in time: stepping down before the lease can expire"
-                .into();
+        let budget = safe_until.saturating_duration_since(Instant::now());
+        let (mut keeper, mut stream) =
+            match tokio::time::timeout(budget, client.lease_keep_alive(lease)).await {
+                Ok(Ok(pair)) => pair,
+                Ok(Err(_)) if Instant::now() < safe_until => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+                _ => return too_late.into(),
+            };
+        loop {
+            let sent = Instant::now();
+            let answer = async {
+                keeper.keep_alive().await?;
+                stream.message().await
+            };
+            let budget = safe_until.saturating_duration_since(sent);
+            match tokio::time::timeout(budget, answer).await {
+                Ok(Ok(Some(response))) if response.ttl() > 0 => safe_until = sent + ttl * 2 / 3,
+                Ok(Ok(Some(_))) => return "the lease expired".into(),
+                // The stream broke: open another.
+                Ok(Ok(None) | Err(_)) => break,
+                Err(_) => return too_late.into(),
+            }
+            tokio::time::sleep_until((sent + ttl / 3).into()).await;
+            if Instant::now() >= safe_until {
+                return too_late.into();
+            }
         }
     }
 }
