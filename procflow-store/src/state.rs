@@ -87,6 +87,64 @@ pub(crate) struct Prepared {
     pub(crate) fencing_token: Option<u64>,
 }
 
+/// Resolves `ops` into self-contained changes: a `Finish` becomes a `Put` of the finished
+/// record with its parent, taken from an earlier op of the same batch or, for a record the
+/// batch has not touched, from `parent_of` (`None`: no such record). Returns the changes and
+/// the ids `parent_of` answered for: the records that must still exist when they apply.
+///
+/// # Errors
+///
+/// [`StoreError::UnknownProcedure`] for a `Finish` of a record that does not exist.
+pub(crate) fn resolve(
+    ops: Vec<Op>,
+    mut parent_of: impl FnMut(ProcId) -> Option<Option<ProcId>>,
+) -> Result<(Vec<Change>, Vec<ProcId>), StoreError> {
+    // The parent of every id the batch has touched so far; `None` = deleted.
+    let mut overlay: HashMap<ProcId, Option<Option<ProcId>>> = HashMap::new();
+    let mut looked_up = Vec::new();
+    let mut changes = Vec::with_capacity(ops.len());
+    for op in ops {
+        changes.push(match op {
+            Op::Put { id, parent, value } => {
+                overlay.insert(id, Some(parent));
+                Change::Put {
+                    id,
+                    parent,
+                    finished: false,
+                    value: value.into(),
+                }
+            }
+            Op::Finish { id, value } => {
+                let parent = match overlay.get(&id) {
+                    Some(Some(parent)) => *parent,
+                    Some(None) => return Err(StoreError::UnknownProcedure(id)),
+                    None => {
+                        let parent = parent_of(id).ok_or(StoreError::UnknownProcedure(id))?;
+                        looked_up.push(id);
+                        parent
+                    }
+                };
+                Change::Put {
+                    id,
+                    parent,
+                    finished: true,
+                    value: value.into(),
+                }
+            }
+            Op::Delete { id } => {
+                overlay.insert(id, None);
+                Change::Delete { id }
+            }
+            Op::PutMeta { key, value } => Change::PutMeta {
+                key,
+                value: value.into(),
+            },
+            Op::DeleteMeta { key } => Change::DeleteMeta { key },
+        });
+    }
+    Ok((changes, looked_up))
+}
+
 /// Records, metadata and the highest fencing token committed.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct State {
@@ -105,47 +163,8 @@ impl State {
         {
             return Err(StoreError::Fenced { token, highest });
         }
-        // The parent of every id the batch has touched so far; `None` = deleted.
-        let mut overlay: HashMap<ProcId, Option<Option<ProcId>>> = HashMap::new();
-        let mut changes = Vec::with_capacity(batch.ops.len());
-        for op in batch.ops {
-            changes.push(match op {
-                Op::Put { id, parent, value } => {
-                    overlay.insert(id, Some(parent));
-                    Change::Put {
-                        id,
-                        parent,
-                        finished: false,
-                        value: value.into(),
-                    }
-                }
-                Op::Finish { id, value } => {
-                    let parent = match overlay.get(&id) {
-                        Some(Some(parent)) => *parent,
-                        Some(None) => return Err(StoreError::UnknownProcedure(id)),
-                        None => match self.records.get(&id) {
-                            Some(record) => record.parent,
-                            None => return Err(StoreError::UnknownProcedure(id)),
-                        },
-                    };
-                    Change::Put {
-                        id,
-                        parent,
-                        finished: true,
-                        value: value.into(),
-                    }
-                }
-                Op::Delete { id } => {
-                    overlay.insert(id, None);
-                    Change::Delete { id }
-                }
-                Op::PutMeta { key, value } => Change::PutMeta {
-                    key,
-                    value: value.into(),
-                },
-                Op::DeleteMeta { key } => Change::DeleteMeta { key },
-            });
-        }
+        let records = &self.records;
+        let (changes, _) = resolve(batch.ops, |id| records.get(&id).map(|r| r.parent))?;
         Ok(Prepared {
             changes,
             fencing_token: batch.fencing_token,

@@ -56,6 +56,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::error::StoreError;
+use crate::state::{Change, resolve};
 use crate::store::{Batch, BoxFuture, Limits, Loaded, Op, ProcId, Record, RecordInfo, Store};
 use committer::Pending;
 use keys::Keys;
@@ -221,56 +222,57 @@ impl EtcdStore {
     /// Resolves `batch` into self-contained writes: a `Finish` needs the record's parent,
     /// from this batch, from memory, or read from etcd.
     async fn prepare(&self, batch: Batch) -> Result<Prepared, StoreError> {
+        // Read first what the resolver may ask and this store does not remember: the
+        // parents of records it has not seen live.
+        let mut read = HashMap::new();
+        for op in &batch.ops {
+            if let Op::Finish { id, .. } = op {
+                let remembered = self.shared.parents().contains_key(id);
+                if !remembered && !read.contains_key(id) {
+                    if let Some(record) = self.get_record(*id).await? {
+                        read.insert(*id, record.parent);
+                    }
+                }
+            }
+        }
+        let (changes, looked_up) = {
+            let remembered = self.shared.parents();
+            resolve(batch.ops, |id| {
+                remembered.get(&id).or_else(|| read.get(&id)).copied()
+            })?
+        };
         let keys = &self.shared.keys;
-        // The parent of every id the batch has touched so far; `None` = deleted.
-        let mut touched: HashMap<ProcId, Option<Option<ProcId>>> = HashMap::new();
         let mut prepared = Prepared {
             token: batch.fencing_token,
+            must_exist: looked_up
+                .into_iter()
+                .map(|id| (id, keys.record(id)))
+                .collect(),
             ..Prepared::default()
         };
-        for op in batch.ops {
-            let (key, write) = match op {
-                Op::Put { id, parent, value } => {
-                    touched.insert(id, Some(parent));
-                    prepared.parents.push((id, Some(parent)));
-                    let value = record::encode(parent, false, &value);
+        for change in changes {
+            let (key, write) = match change {
+                Change::Put {
+                    id,
+                    parent,
+                    finished,
+                    value,
+                } => {
+                    prepared.parents.push((id, (!finished).then_some(parent)));
+                    let value = record::encode(parent, finished, &value);
                     (keys.record(id), Write::Put(value))
                 }
-                Op::Finish { id, value } => {
-                    let parent = match touched.get(&id) {
-                        Some(Some(parent)) => *parent,
-                        Some(None) => return Err(StoreError::UnknownProcedure(id)),
-                        None => {
-                            prepared.must_exist.push((id, keys.record(id)));
-                            self.parent_of(id).await?
-                        }
-                    };
-                    prepared.parents.push((id, None));
-                    let value = record::encode(parent, true, &value);
-                    (keys.record(id), Write::Put(value))
-                }
-                Op::Delete { id } => {
-                    touched.insert(id, None);
+                Change::Delete { id } => {
                     prepared.parents.push((id, None));
                     (keys.record(id), Write::Delete)
                 }
-                Op::PutMeta { key, value } => (keys.meta(&key), Write::Put(value)),
-                Op::DeleteMeta { key } => (keys.meta(&key), Write::Delete),
+                // The batch's own vector, handed back without a copy.
+                Change::PutMeta { key, value } => (keys.meta(&key), Write::Put(Vec::from(value))),
+                Change::DeleteMeta { key } => (keys.meta(&key), Write::Delete),
             };
             prepared.writes.push((key, write));
         }
         Ok(prepared)
-    }
-
-    /// The parent of record `id`, which the batch finishes without having written it.
-    async fn parent_of(&self, id: ProcId) -> Result<Option<ProcId>, StoreError> {
-        if let Some(parent) = self.shared.parents().get(&id) {
-            return Ok(*parent);
-        }
-        match self.get_record(id).await? {
-            Some(record) => Ok(record.parent),
-            None => Err(StoreError::UnknownProcedure(id)),
-        }
     }
 
     async fn get_record(&self, id: ProcId) -> Result<Option<Record>, StoreError> {
@@ -307,7 +309,7 @@ impl EtcdStore {
                 let key = shared
                     .keys
                     .meta_key(kv.key())
-                    .ok_or_else(|| shared.corrupt(&kv, "not a metadata key"))?;
+                    .ok_or_else(|| shared.corrupt(kv.key(), "not a metadata key"))?;
                 loaded.meta.insert(key, kv.into_key_value().1);
                 Ok(())
             })
@@ -374,24 +376,21 @@ impl Shared {
         StoreError::io(context, self.location.clone(), source)
     }
 
-    fn corrupt(&self, kv: &KeyValue, reason: impl Into<String>) -> StoreError {
+    fn corrupt(&self, key: &[u8], reason: impl Into<String>) -> StoreError {
         StoreError::Corrupt {
-            file: self
-                .location
-                .join(String::from_utf8_lossy(kv.key()).as_ref()),
+            file: self.location.join(String::from_utf8_lossy(key).as_ref()),
             offset: 0,
             reason: reason.into(),
         }
     }
 
     fn decode(&self, kv: KeyValue) -> Result<Record, StoreError> {
+        let (key, value) = kv.into_key_value();
         let id = self
             .keys
-            .record_id(kv.key())
-            .ok_or_else(|| self.corrupt(&kv, "not a record key"))?;
-        let reason = |reason| self.corrupt(&kv, reason);
-        let (_, value) = kv.clone().into_key_value();
-        record::decode(id, value).map_err(reason)
+            .record_id(&key)
+            .ok_or_else(|| self.corrupt(&key, "not a record key"))?;
+        record::decode(id, value).map_err(|reason| self.corrupt(&key, reason))
     }
 
     fn parents(&self) -> std::sync::MutexGuard<'_, HashMap<ProcId, Option<ProcId>>> {

@@ -47,6 +47,8 @@ pub(crate) struct Plan {
     token: Option<u64>,
     writes: BTreeMap<Vec<u8>, Write>,
     must_exist: BTreeMap<Vec<u8>, ProcId>,
+    /// What `writes` and `must_exist` add to the request's encoded size (an upper bound).
+    bytes: usize,
 }
 
 impl Plan {
@@ -55,11 +57,13 @@ impl Plan {
             token,
             writes: BTreeMap::new(),
             must_exist: BTreeMap::new(),
+            bytes: 0,
         }
     }
 
     /// Adds `batch` if the transaction still fits etcd's limits with it and means the same
-    /// as committing the batches one by one; otherwise leaves the plan as it was.
+    /// as committing the batches one by one; otherwise leaves the plan as it was. Only
+    /// what the batch changes is counted: the plan is not copied to try.
     pub(crate) fn try_add(&mut self, batch: &Prepared, keys: &Keys) -> bool {
         if batch.token != self.token
             || batch
@@ -70,55 +74,44 @@ impl Plan {
             // A different owner's batch, or one whose check an earlier write would decide.
             return false;
         }
-        let mut grown = Plan {
-            token: self.token,
-            writes: self.writes.clone(),
-            must_exist: self.must_exist.clone(),
-        };
+        // The batch's last write to each key replaces whatever the plan writes there.
+        let mut last: BTreeMap<&[u8], &Write> = BTreeMap::new();
         for (key, write) in &batch.writes {
-            grown.writes.insert(key.clone(), write.clone());
+            last.insert(key, write);
         }
-        for (id, key) in &batch.must_exist {
-            grown.must_exist.insert(key.clone(), *id);
+        let mut bytes = self.bytes;
+        let mut new_writes = 0;
+        for (&key, &write) in &last {
+            bytes += write_bytes(key, write);
+            match self.writes.get(key) {
+                Some(old) => bytes -= write_bytes(key, old),
+                None => new_writes += 1,
+            }
         }
-        if !grown.fits(keys) {
+        let new_checks: BTreeMap<&[u8], ProcId> = batch
+            .must_exist
+            .iter()
+            .filter(|(_, key)| !self.must_exist.contains_key(key))
+            .map(|(id, key)| (key.as_slice(), *id))
+            .collect();
+        bytes += new_checks.keys().map(|key| check_bytes(key)).sum::<usize>();
+        let checks = self.must_exist.len() + new_checks.len();
+        let fits = usize::from(self.token.is_some()) + checks <= MAX_TXN_OPS
+            && self.writes.len() + new_writes <= MAX_TXN_OPS
+            // The failure branch reads the leader key and each checked record.
+            && checks < MAX_TXN_OPS
+            && fixed_bytes(keys) + bytes <= MAX_REQUEST_BYTES;
+        if !fits {
             return false;
         }
-        *self = grown;
+        for (key, write) in last {
+            self.writes.insert(key.to_vec(), write.clone());
+        }
+        for (key, id) in new_checks {
+            self.must_exist.insert(key.to_vec(), id);
+        }
+        self.bytes = bytes;
         true
-    }
-
-    /// Within etcd's op and request-size limits.
-    fn fits(&self, keys: &Keys) -> bool {
-        let compares = usize::from(self.token.is_some()) + self.must_exist.len();
-        let failure_ops = 1 + self.must_exist.len();
-        compares <= MAX_TXN_OPS
-            && self.writes.len() <= MAX_TXN_OPS
-            && failure_ops <= MAX_TXN_OPS
-            && self.request_bytes(keys) <= MAX_REQUEST_BYTES
-    }
-
-    /// An upper bound of the request's encoded size.
-    fn request_bytes(&self, keys: &Keys) -> usize {
-        let writes: usize = self
-            .writes
-            .iter()
-            .map(|(key, write)| {
-                let value = match write {
-                    Write::Put(value) => value.len(),
-                    Write::Delete => 0,
-                };
-                key.len() + value + PER_KEY
-            })
-            .sum();
-        // Each must-exist key appears twice: in a compare and in a failure get.
-        let checks: usize = self
-            .must_exist
-            .keys()
-            .map(|key| 2 * (key.len() + PER_KEY))
-            .sum();
-        let leader = 2 * (keys.leader().len() + PER_KEY);
-        REQUEST_SLACK + writes + checks + leader
     }
 
     /// The ids whose existence the transaction checks.
@@ -162,14 +155,34 @@ impl Plan {
     }
 }
 
+/// A write's share of the request: its key, its value, their framing.
+fn write_bytes(key: &[u8], write: &Write) -> usize {
+    let value = match write {
+        Write::Put(value) => value.len(),
+        Write::Delete => 0,
+    };
+    key.len() + value + PER_KEY
+}
+
+/// A must-exist key's share: it appears twice, in a compare and in a failure get.
+fn check_bytes(key: &[u8]) -> usize {
+    2 * (key.len() + PER_KEY)
+}
+
+/// What every transaction carries: its framing, and the leader key in the fencing compare
+/// and the failure get.
+fn fixed_bytes(keys: &Keys) -> usize {
+    REQUEST_SLACK + check_bytes(&keys.leader())
+}
+
 /// The largest payload ([`Batch::payload_bytes`](crate::Batch::payload_bytes)) a batch of
 /// at most `MAX_TXN_OPS - 1` ops may carry so that its transaction always fits the request
 /// limit: every op may add a key, a compare and a failure get, and a record header.
 pub(crate) fn max_batch_bytes(keys: &Keys) -> usize {
     let longest_key = keys.record(u64::MAX).len().max(keys.meta("").len());
+    // The op's write, its compare and its failure get.
     let per_op = 3 * (longest_key + PER_KEY) + super::record::MAX_HEADER;
-    let leader = 2 * (keys.leader().len() + PER_KEY);
-    MAX_REQUEST_BYTES - REQUEST_SLACK - leader - (MAX_TXN_OPS - 1) * per_op
+    MAX_REQUEST_BYTES - fixed_bytes(keys) - (MAX_TXN_OPS - 1) * per_op
 }
 
 #[cfg(test)]
