@@ -8,7 +8,9 @@
 //!   replaced; on SIGCONT etcd refuses its next commit, it halts, and the ledger holds no
 //!   write of it after the new leader's first;
 //! * etcd member loss: a follower, then etcd's own leader, is killed mid-run and the
-//!   group keeps going.
+//!   group keeps going;
+//! * quorum loss: with two of three etcd members down the group stalls, its leader says
+//!   why (`trouble: ...`), and once they return a leader resumes with nothing lost.
 
 #![cfg(unix)]
 
@@ -313,5 +315,69 @@ fn the_group_keeps_going_when_an_etcd_member_dies() {
     workers.expect(Duration::from_secs(120), "all done", |l| {
         l.text == format!("all done {PROCEDURES}")
     });
+    assert_ledger_exactly_once(&workers.ledger());
+}
+
+#[test]
+fn without_an_etcd_quorum_the_group_stalls_with_a_clear_error_and_resumes_after() {
+    let mut cluster = cluster();
+    let mut workers = Workers::start(&cluster, "/quorum", 3, &["--step-ms", "100"]);
+    let old = workers.next_leader(Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(700));
+    let total = (PROCEDURES * STEPS) as usize;
+    assert!(workers.ledger().len() < total, "the run ended too soon");
+    let etcd_leader = cluster.leader().expect("etcd has a leader");
+    let victims = [etcd_leader, (etcd_leader + 1) % 3];
+    for &victim in &victims {
+        cluster.kill(victim).unwrap();
+    }
+    let killed = Instant::now();
+    println!("killed etcd members {victims:?} (etcd's leader first): one of three is left");
+    // The leader cannot keep its lease alive: it stops, and says why.
+    let trouble = workers.expect(Duration::from_secs(4 * TTL_S), "a clear error", |l| {
+        l.worker == old.worker && l.text.starts_with("trouble: ")
+    });
+    println!(
+        "  after {:.2} s: w{}: {}",
+        killed.elapsed().as_secs_f64(),
+        trouble.worker,
+        trouble.text
+    );
+    assert!(
+        trouble.text.contains("leadership lost") && trouble.text.contains("keep-alive"),
+        "the leader says it lost its term for want of keep-alives: {}",
+        trouble.text
+    );
+    // Then it cannot campaign either, and says so.
+    let campaign = workers.expect(Duration::from_secs(4 * TTL_S), "a campaign error", |l| {
+        l.text.starts_with("trouble: election: etcd")
+    });
+    println!("  w{}: {}", campaign.worker, campaign.text);
+    // Stalled: with no leader, no step runs.
+    let stalled = workers.ledger().len();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        workers.ledger().len(),
+        stalled,
+        "nothing ran without a quorum"
+    );
+    assert!(
+        stalled < total,
+        "the run had not ended: {stalled} of {total}"
+    );
+    for &victim in &victims {
+        cluster.restart(victim).unwrap();
+    }
+    let back = Instant::now();
+    let new = workers.next_leader(Duration::from_secs(30));
+    println!(
+        "  members back: {} leads {:.2} s later",
+        new.text,
+        back.elapsed().as_secs_f64()
+    );
+    workers.expect(Duration::from_secs(120), "all done", |l| {
+        l.text == format!("all done {PROCEDURES}")
+    });
+    println!("  all done {:.2} s later", back.elapsed().as_secs_f64());
     assert_ledger_exactly_once(&workers.ledger());
 }

@@ -146,7 +146,19 @@ async fn a_standby_takes_over_when_the_leader_loses_its_term_and_the_old_leader_
     }
 
     // The old leader's steps end now; it was stopped, and the store refuses it anyway.
-    assert!(matches!(leader.halted(), Some(ExecutorError::Killed)));
+    assert!(
+        matches!(leader.halted(), Some(ExecutorError::LeadershipLost(_))),
+        "{:?}",
+        leader.halted()
+    );
+    let why = first
+        .last_error()
+        .expect("the old leader says why it stopped");
+    assert!(
+        why.to_string().contains("leadership lost") && why.to_string().contains("deposed"),
+        "{why}"
+    );
+    assert!(new.last_error().is_none(), "the new leader is fine");
     envs[0].gate.add_permits(5);
     let before = store.load().await.unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -14,7 +14,8 @@
 //! checks the token: it refuses a write whose token is lower than one it has seen (the
 //! pattern `Context::fencing_token` is for), so a replaced leader's late effects do not
 //! land. Steps are idempotent: a step whose line is already there is not written again.
-//! If its executor stops, it prints `halted: REASON`. `--fencing-only` keeps the leader
+//! If its executor stops, it prints `halted: REASON`; whenever the member's last error
+//! changes (it cannot campaign, say), `trouble: ERROR`. `--fencing-only` keeps the leader
 //! from stepping down when its lease is lost, to show that etcd's fencing alone stops it.
 
 use procflow::executor::{Executor, SubmitOptions};
@@ -111,7 +112,7 @@ impl Election for Oblivious {
     fn campaign(&self) -> BoxFuture<'_, Result<Term, ElectionError>> {
         self.0.campaign()
     }
-    fn lost(&self, _: Term) -> BoxFuture<'_, ()> {
+    fn lost(&self, _: Term) -> BoxFuture<'_, ElectionError> {
         Box::pin(std::future::pending())
     }
     fn resign(&self, term: Term) -> BoxFuture<'_, Result<(), ElectionError>> {
@@ -198,13 +199,18 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     };
     let ledger_path = args.ledger.join("ledger");
     let step_delay = Duration::from_millis(args.step_ms);
-    let group = ExecutorGroup::join(election, args.name.clone(), move || {
-        let ledger = Ledger {
-            path: ledger_path.clone(),
-            step_delay,
-        };
-        Executor::builder_shared(Arc::clone(&store), Arc::new(ledger)).register::<ChainState>()
-    });
+    let group = Arc::new(ExecutorGroup::join(
+        election,
+        args.name.clone(),
+        move || {
+            let ledger = Ledger {
+                path: ledger_path.clone(),
+                step_delay,
+            };
+            Executor::builder_shared(Arc::clone(&store), Arc::new(ledger)).register::<ChainState>()
+        },
+    ));
+    tokio::spawn(report_trouble(Arc::clone(&group)));
     loop {
         let executor = group.leading().await;
         let token = group.term().map_or(0, |t| t.token);
@@ -228,6 +234,31 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// Prints `trouble: ERROR` each time the member's last error changes: why it stopped
+/// leading, or why it cannot campaign (etcd without a quorum, say).
+async fn report_trouble(group: Arc<ExecutorGroup<Ledger>>) {
+    let mut last = String::new();
+    loop {
+        let now = group.last_error().map(|e| chain(&*e)).unwrap_or_default();
+        if now != last && !now.is_empty() {
+            say(&format!("trouble: {now}"));
+        }
+        last = now;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `error: its source: its source's source…`
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text = format!("{text}: {cause}");
+        source = cause.source();
+    }
+    text
 }
 
 /// Submits every chain (again, after a takeover: the nonces make that harmless) and waits

@@ -38,6 +38,11 @@ pub enum ExecutorError {
     /// A kill hook (or [`Executor::kill`](super::Executor::kill)) stopped the executor.
     #[error("executor was killed")]
     Killed,
+    /// The executor led an [executor group](crate::group) and the group's term ended (its
+    /// lease could not be kept alive, say): the group stopped it at once, as a kill would,
+    /// and a new leader resumes its procedures.
+    #[error("leadership lost, executor stopped: {0}")]
+    LeadershipLost(Arc<crate::group::ElectionError>),
     /// The executor was shut down before the procedure ended; it resumes at the next start.
     #[error("executor is shut down")]
     ShutDown,

@@ -375,7 +375,8 @@ impl<E: Send + Sync + 'static> Executor<E> {
 
     /// Why the executor stopped on its own, if it did: a store failure
     /// ([`ExecutorError::Store`]), a newer owner of the store
-    /// ([`ExecutorError::Fenced`]) or a kill ([`ExecutorError::Killed`]). `None` while it
+    /// ([`ExecutorError::Fenced`]), a lost group term ([`ExecutorError::LeadershipLost`])
+    /// or a kill ([`ExecutorError::Killed`]). `None` while it
     /// runs and after a [`shutdown`](Self::shutdown).
     #[must_use]
     pub fn halted(&self) -> Option<ExecutorError> {
@@ -392,6 +393,11 @@ impl<E: Send + Sync + 'static> Executor<E> {
     /// crash tests; start a new executor on the same store to recover.
     pub fn kill(&self) {
         self.inner.halt(ExecutorError::Killed);
+    }
+
+    /// Stops the executor at once, as [`kill`](Self::kill) does, with `reason`.
+    pub(crate) fn halt(&self, reason: ExecutorError) {
+        self.inner.halt(reason);
     }
 
     /// Stops accepting submits, lets the steps in flight finish and persist, stops every

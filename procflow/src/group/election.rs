@@ -60,8 +60,10 @@ pub trait Election: Send + Sync + 'static {
     /// is resigned by the implementation or ends on its own (a lease not kept alive).
     fn campaign(&self) -> BoxFuture<'_, Result<Term, ElectionError>>;
 
-    /// Resolves once `term` is over for this candidate: resigned, or its lease lost.
-    fn lost(&self, term: Term) -> BoxFuture<'_, ()>;
+    /// Resolves once `term` is over for this candidate (resigned, deposed, or its lease
+    /// lost), with why; the group stops the leader's executor with this reason
+    /// ([`ExecutorError::LeadershipLost`](crate::executor::ExecutorError::LeadershipLost)).
+    fn lost(&self, term: Term) -> BoxFuture<'_, ElectionError>;
 
     /// Ends `term`, so another candidate can win. A no-op if it is already over.
     fn resign(&self, term: Term) -> BoxFuture<'_, Result<(), ElectionError>>;

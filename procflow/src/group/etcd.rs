@@ -81,7 +81,8 @@ pub struct EtcdElection {
 /// A term this candidate holds: its lease, and the task keeping it.
 struct Held {
     lease: i64,
-    lost: watch::Receiver<bool>,
+    /// Why the term ended, once it has.
+    lost: watch::Receiver<Option<String>>,
     keeper: JoinHandle<()>,
 }
 
@@ -216,7 +217,7 @@ impl EtcdElection {
 
     /// Starts keeping the term's lease alive.
     fn hold(&self, token: u64, lease: i64) {
-        let (lost_tx, lost) = watch::channel(false);
+        let (lost_tx, lost) = watch::channel(None);
         let keeper = tokio::spawn(keep(
             self.client.clone(),
             self.key.clone(),
@@ -243,14 +244,14 @@ async fn keep(
     token: u64,
     lease: i64,
     ttl: Duration,
-    lost: watch::Sender<bool>,
+    lost: watch::Sender<Option<String>>,
 ) {
     let reason = tokio::select! {
         reason = renew(client.clone(), lease, ttl) => reason,
         reason = key_gone(client, key, token) => reason,
     };
     tracing::warn!(token, lease, %reason, "leadership term over");
-    lost.send_replace(true);
+    lost.send_replace(Some(reason));
 }
 
 /// Renews every third of `ttl`; returns when two thirds of it passed since the send of
@@ -329,12 +330,17 @@ impl Election for EtcdElection {
         })
     }
 
-    fn lost(&self, term: Term) -> BoxFuture<'_, ()> {
+    fn lost(&self, term: Term) -> BoxFuture<'_, ElectionError> {
         let lost = self.terms().get(&term.token).map(|held| held.lost.clone());
         Box::pin(async move {
-            if let Some(mut lost) = lost {
-                let _ = lost.wait_for(|lost| *lost).await;
-            }
+            let reason = match lost {
+                Some(mut lost) => match lost.wait_for(Option::is_some).await {
+                    Ok(reason) => reason.clone().unwrap_or_default(),
+                    Err(_) => "the lease keeper is gone".to_owned(),
+                },
+                None => "not a term of this candidate (resigned?)".to_owned(),
+            };
+            ElectionError::new(format!("etcd term {}: {reason}", term.token))
         })
     }
 

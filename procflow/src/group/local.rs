@@ -131,11 +131,12 @@ impl Election for LocalCandidate {
         })
     }
 
-    fn lost(&self, term: Term) -> BoxFuture<'_, ()> {
+    fn lost(&self, term: Term) -> BoxFuture<'_, ElectionError> {
         Box::pin(async move {
             let mut changes = self.election.state.subscribe();
             // The sender lives as long as this candidate's election: `wait_for` ends.
             let _ = changes.wait_for(|state| !self.leads(state, term)).await;
+            ElectionError::new(format!("term {} ended (resigned or deposed)", term.token))
         })
     }
 

@@ -112,6 +112,7 @@ pub struct ExecutorGroup<E> {
     election: Arc<dyn Election>,
     address: String,
     role: watch::Receiver<Role<E>>,
+    trouble: watch::Receiver<Option<Arc<GroupError>>>,
     stop: watch::Sender<bool>,
     task: tokio::sync::Mutex<Option<JoinHandle<Result<(), ExecutorError>>>>,
 }
@@ -130,17 +131,20 @@ impl<E: Send + Sync + 'static> ExecutorGroup<E> {
         builder: impl Fn() -> ExecutorBuilder<E> + Send + Sync + 'static,
     ) -> Self {
         let (role_tx, role) = watch::channel(Role::Standby);
+        let (trouble_tx, trouble) = watch::channel(None);
         let (stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(member_loop(
-            Arc::clone(&election),
-            Box::new(builder),
-            role_tx,
-            stop_rx,
-        ));
+        let member = Member {
+            election: Arc::clone(&election),
+            builder: Box::new(builder),
+            role: role_tx,
+            trouble: trouble_tx,
+        };
+        let task = tokio::spawn(member.run(stop_rx));
         Self {
             election,
             address: address.into(),
             role,
+            trouble,
             stop,
             task: tokio::sync::Mutex::new(Some(task)),
         }
@@ -175,6 +179,16 @@ impl<E: Send + Sync + 'static> ExecutorGroup<E> {
             Role::Leading(term, _) => Some(*term),
             _ => None,
         }
+    }
+
+    /// Why this member last failed to win or keep a term: a failed campaign (the election
+    /// service unreachable, say: [`GroupError::Election`]) or the reason its executor
+    /// stopped ([`GroupError::Executor`]: a store failure, fenced, leadership lost).
+    /// `None` until something went wrong; cleared when the member starts leading. A member
+    /// that cannot lead keeps retrying on its own; this is what to show an operator.
+    #[must_use]
+    pub fn last_error(&self) -> Option<Arc<GroupError>> {
+        self.trouble.borrow().clone()
     }
 
     /// Waits until this member leads, and returns its executor.
@@ -223,38 +237,102 @@ impl<E: Send + Sync + 'static> ExecutorGroup<E> {
 
 type Builder<E> = Box<dyn Fn() -> ExecutorBuilder<E> + Send + Sync>;
 
-/// Campaign, lead, lose, again, until `stop`.
-async fn member_loop<E: Send + Sync + 'static>(
+/// The member's loop and what it publishes.
+struct Member<E> {
     election: Arc<dyn Election>,
     builder: Builder<E>,
     role: watch::Sender<Role<E>>,
-    mut stop: watch::Receiver<bool>,
-) -> Result<(), ExecutorError> {
-    let result = loop {
-        let term = tokio::select! {
-            term = election.campaign() => term,
-            () = stop_requested(&mut stop) => break Ok(()),
-        };
-        let term = match term {
-            Ok(term) => term,
-            Err(error) => {
-                tracing::warn!(%error, "campaign failed; retrying");
-                tokio::time::sleep(RETRY).await;
-                continue;
+    trouble: watch::Sender<Option<Arc<GroupError>>>,
+}
+
+impl<E: Send + Sync + 'static> Member<E> {
+    /// Campaign, lead, lose, again, until `stop`.
+    async fn run(self, mut stop: watch::Receiver<bool>) -> Result<(), ExecutorError> {
+        let result = loop {
+            let term = tokio::select! {
+                term = self.election.campaign() => term,
+                () = stop_requested(&mut stop) => break Ok(()),
+            };
+            let term = match term {
+                Ok(term) => term,
+                Err(error) => {
+                    tracing::warn!(%error, "campaign failed; retrying");
+                    self.trouble(error.into());
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            };
+            match self.lead(term, &mut stop).await {
+                // A member that just lost its term is the likeliest to be in trouble (a
+                // slow network, a paused process): waiting lets a standby win the next
+                // one first.
+                Lead::Lost => tokio::select! {
+                    () = tokio::time::sleep(RETRY) => {}
+                    () = stop_requested(&mut stop) => break Ok(()),
+                },
+                Lead::Stopped(result) => break result,
             }
         };
-        match lead(election.as_ref(), &builder, term, &role, &mut stop).await {
-            // A member that just lost its term is the likeliest to be in trouble (a slow
-            // network, a paused process): waiting lets a standby win the next one first.
-            Lead::Lost => tokio::select! {
-                () = tokio::time::sleep(RETRY) => {}
-                () = stop_requested(&mut stop) => break Ok(()),
-            },
-            Lead::Stopped(result) => break result,
+        self.role.send_replace(Role::ShutDown);
+        result
+    }
+
+    /// Runs one term: starts the fenced executor and keeps it until the term ends.
+    async fn lead(&self, term: Term, stop: &mut watch::Receiver<bool>) -> Lead {
+        let executor = match (self.builder)().fencing_token(term.token).start().await {
+            Ok(executor) => executor,
+            Err(error) => {
+                tracing::warn!(%error, token = term.token, "could not start the leader's executor");
+                self.trouble(error.into());
+                self.resign(term).await;
+                return Lead::Lost;
+            }
+        };
+        tracing::info!(token = term.token, "leading the executor group");
+        self.trouble.send_replace(None);
+        self.role
+            .send_replace(Role::Leading(term, executor.clone()));
+        let lead = tokio::select! {
+            reason = self.election.lost(term) => {
+                tracing::warn!(token = term.token, %reason, "leadership lost: stopping the executor");
+                executor.halt(ExecutorError::LeadershipLost(Arc::new(reason)));
+                self.stopped(&executor);
+                Lead::Lost
+            }
+            () = executor.stopped() => {
+                tracing::warn!(token = term.token, reason = ?executor.halted(), "the executor stopped: resigning");
+                self.stopped(&executor);
+                self.resign(term).await;
+                Lead::Lost
+            }
+            () = stop_requested(stop) => {
+                self.role.send_replace(Role::Standby);
+                // The store is the builder's, shared with the next leader: not closed here.
+                let result = executor.drain().await;
+                self.resign(term).await;
+                Lead::Stopped(result)
+            }
+        };
+        self.role.send_replace(Role::Standby);
+        lead
+    }
+
+    /// Publishes why the executor stopped on its own.
+    fn stopped(&self, executor: &Executor<E>) {
+        if let Some(reason) = executor.halted() {
+            self.trouble(reason.into());
         }
-    };
-    role.send_replace(Role::ShutDown);
-    result
+    }
+
+    fn trouble(&self, error: GroupError) {
+        self.trouble.send_replace(Some(Arc::new(error)));
+    }
+
+    async fn resign(&self, term: Term) {
+        if let Err(error) = self.election.resign(term).await {
+            tracing::warn!(%error, token = term.token, "could not resign; the term ends with its lease");
+        }
+    }
 }
 
 /// How a term ended.
@@ -265,55 +343,8 @@ enum Lead {
     Stopped(Result<(), ExecutorError>),
 }
 
-/// Runs one term: starts the fenced executor and keeps it until the term ends.
-async fn lead<E: Send + Sync + 'static>(
-    election: &dyn Election,
-    builder: &Builder<E>,
-    term: Term,
-    role: &watch::Sender<Role<E>>,
-    stop: &mut watch::Receiver<bool>,
-) -> Lead {
-    let executor = match builder().fencing_token(term.token).start().await {
-        Ok(executor) => executor,
-        Err(error) => {
-            tracing::warn!(%error, token = term.token, "could not start the leader's executor");
-            resign(election, term).await;
-            return Lead::Lost;
-        }
-    };
-    tracing::info!(token = term.token, "leading the executor group");
-    role.send_replace(Role::Leading(term, executor.clone()));
-    let lead = tokio::select! {
-        () = election.lost(term) => {
-            tracing::warn!(token = term.token, "leadership lost: stopping the executor");
-            executor.kill();
-            Lead::Lost
-        }
-        () = executor.stopped() => {
-            tracing::warn!(token = term.token, reason = ?executor.halted(), "the executor stopped: resigning");
-            resign(election, term).await;
-            Lead::Lost
-        }
-        () = stop_requested(stop) => {
-            role.send_replace(Role::Standby);
-            // The store is the builder's, shared with the next leader: not closed here.
-            let result = executor.drain().await;
-            resign(election, term).await;
-            Lead::Stopped(result)
-        }
-    };
-    role.send_replace(Role::Standby);
-    lead
-}
-
 /// Resolves once the group is asked to stop (or its handle is gone).
 async fn stop_requested(stop: &mut watch::Receiver<bool>) {
     // The guard `wait_for` returns is dropped here, before any later `.await`.
     let _ = stop.wait_for(|stop| *stop).await;
-}
-
-async fn resign(election: &dyn Election, term: Term) {
-    if let Err(error) = election.resign(term).await {
-        tracing::warn!(%error, token = term.token, "could not resign; the term ends with its lease");
-    }
 }
