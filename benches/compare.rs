@@ -4,6 +4,7 @@
 //! ```text
 //! cargo bench --bench compare              # full: 4 s per cell, 1/16/256/1024 concurrent
 //! cargo bench --bench compare -- --quick   # 1 s per cell, the same concurrencies
+//! cargo bench --bench compare -- --etcd    # workload 8 alone: procflow on etcd
 //! ```
 //!
 //! Every workload runs the same ten-step machine with 64 bytes of state
@@ -25,6 +26,13 @@
 //! with records of a step's size. `-- --cell single:R` runs workload 1 alone, interleaved
 //! in R rounds over the cell's time. `-- --cell restart:N` builds workload 6's log of N
 //! procedures, then restarts on it five times (page cache warm), each in a fresh process.
+//!
+//! `-- --etcd` runs workload 8 alone (`compare/etcd.rs`, quick unless `--full`): the
+//! executor on a local 3-member etcd at 1/16/256 clients against one client's loop of the
+//! same fenced transactions, and the takeover time of a group whose leader is killed. Its
+//! last line is `etcd-summary: etcd1_vs_raw=X etcd256_vs_raw=X takeover_s=X`. It needs
+//! the root feature `etcd`; built without it, the bench runs itself again through cargo
+//! with `--features etcd`.
 
 // The crate root is benches/compare.rs: its modules live in benches/compare/.
 #[path = "compare/chart.rs"]
@@ -33,6 +41,9 @@ mod chart;
 mod disk_use;
 #[path = "compare/drive.rs"]
 mod drive;
+#[cfg(feature = "etcd")]
+#[path = "compare/etcd.rs"]
+mod etcd;
 #[path = "compare/hand_redb.rs"]
 mod hand_redb;
 #[path = "compare/hand_store.rs"]
@@ -49,6 +60,9 @@ mod raw;
 mod restart;
 #[path = "compare/single.rs"]
 mod single;
+#[cfg(feature = "etcd")]
+#[path = "../tests/support/workers.rs"]
+mod workers;
 
 use drive::{Rate, closed_loop, executor_closed_loop, store_commit_loop};
 use machine::{Payload, STATE_BYTES, STEPS, TenSteps, drive as drive_by_hand};
@@ -112,6 +126,9 @@ fn main() {
     if restart::child_main() {
         return;
     }
+    if std::env::args().any(|arg| arg == "--etcd") {
+        return etcd_main();
+    }
     let plan = Plan::from_args();
     let base = tempfile::Builder::new()
         .prefix("compare-")
@@ -164,6 +181,48 @@ fn main() {
     drop(runtime);
     println!();
     println!("{}", summary.line());
+}
+
+/// `--etcd`: workload 8 alone, procflow on a local 3-member etcd (quick unless `--full`).
+#[cfg(feature = "etcd")]
+fn etcd_main() {
+    let quick = !std::env::args().any(|arg| arg == "--full");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    println!(
+        "procflow compare --etcd: {} mode, {cores} cores, ten-step machine, {STATE_BYTES} B state",
+        if quick { "quick" } else { "full" }
+    );
+    let summary = etcd::run(quick, &runtime);
+    drop(runtime);
+    println!();
+    println!("{}", summary.line());
+}
+
+/// `--etcd` in a build without the root package's `etcd` feature (which needs `protoc` to
+/// build etcd-client, so it is not on by default): runs the bench again through cargo,
+/// with the feature, and exits with its status.
+#[cfg(not(feature = "etcd"))]
+fn etcd_main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|arg| arg != "--bench")
+        .collect();
+    println!(
+        "compare: built without feature `etcd`; running `cargo bench --bench compare --features etcd -- {}`",
+        args.join(" ")
+    );
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["bench", "--bench", "compare", "--features", "etcd", "--"])
+        .args(&args)
+        .status()
+        .expect("run cargo");
+    std::process::exit(status.code().unwrap_or(1));
 }
 
 /// The value of `--cell`, if given.

@@ -14,157 +14,36 @@
 
 #![cfg(unix)]
 
+#[path = "support/workers.rs"]
+mod workers;
+
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use procflow_store::etcd::LocalCluster;
+use workers::{Line, Workers};
 
 const PROCEDURES: u32 = 100;
 const STEPS: u32 = 20;
 const TTL_S: u64 = 2;
 
-/// A line a worker printed, and when the test read it.
-struct Line {
-    worker: usize,
-    text: String,
-    at: Instant,
-}
-
-/// Three (or more) `group_worker` processes, their output merged into one channel.
-struct Workers {
-    cluster_endpoints: String,
-    prefix: String,
-    ledger: tempfile::TempDir,
-    extra: Vec<String>,
-    children: Vec<Option<Child>>,
-    lines: mpsc::Receiver<Line>,
-    sender: mpsc::Sender<Line>,
-    log: Vec<String>,
-}
-
-impl Workers {
-    fn start(cluster: &LocalCluster, prefix: &str, count: usize, extra: &[&str]) -> Self {
-        let (sender, lines) = mpsc::channel();
-        let mut workers = Self {
-            cluster_endpoints: cluster.endpoints().join(","),
-            prefix: prefix.to_owned(),
-            ledger: tempfile::tempdir().unwrap(),
-            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
-            children: (0..count).map(|_| None).collect(),
-            lines,
-            sender,
-            log: Vec::new(),
-        };
-        for i in 0..count {
-            workers.spawn(i);
-        }
-        workers
-    }
-
-    fn spawn(&mut self, i: usize) {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_group_worker"))
-            .args([
-                "--endpoints",
-                &self.cluster_endpoints,
-                "--prefix",
-                &self.prefix,
-            ])
-            .args(["--name", &format!("w{i}")])
-            .arg("--ledger")
-            .arg(self.ledger.path())
-            .args([
-                "--procedures",
-                &PROCEDURES.to_string(),
-                "--steps",
-                &STEPS.to_string(),
-            ])
-            .args(["--ttl", &TTL_S.to_string()])
-            .args(&self.extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("group_worker starts");
-        let stdout = child.stdout.take().unwrap();
-        let sender = self.sender.clone();
-        std::thread::spawn(move || {
-            for text in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = sender.send(Line {
-                    worker: i,
-                    text,
-                    at: Instant::now(),
-                });
-            }
-        });
-        self.children[i] = Some(child);
-    }
-
-    /// Waits up to `within` for a line matching `wanted`.
-    fn expect(&mut self, within: Duration, what: &str, wanted: impl Fn(&Line) -> bool) -> Line {
-        let deadline = Instant::now() + within;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    self.log.push(format!("w{}: {}", line.worker, line.text));
-                    if wanted(&line) {
-                        return line;
-                    }
-                }
-                Err(_) => panic!(
-                    "no {what} within {within:?}; workers said:\n{}",
-                    self.log.join("\n")
-                ),
-            }
-        }
-    }
-
-    fn next_leader(&mut self, within: Duration) -> Line {
-        self.expect(within, "new leader", |l| l.text.starts_with("leading "))
-    }
-
-    fn signal(&self, i: usize, signal: &str) {
-        let pid = self.children[i].as_ref().unwrap().id();
-        let status = Command::new("kill")
-            .args([signal, &pid.to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill {signal} {pid}");
-    }
-
-    fn kill(&mut self, i: usize) {
-        if let Some(mut child) = self.children[i].take() {
-            child.kill().unwrap();
-            child.wait().unwrap();
-        }
-    }
-
-    /// Every ledger line: (procedure, step, token), in the order they were written.
-    fn ledger(&self) -> Vec<(u64, u64, u64)> {
-        let text = std::fs::read_to_string(self.ledger.path().join("ledger")).unwrap_or_default();
-        text.lines()
-            .map(|line| {
-                let f: Vec<u64> = line.split(' ').map(|f| f.parse().unwrap()).collect();
-                (f[0], f[1], f[2])
-            })
-            .collect()
-    }
-}
-
-impl Drop for Workers {
-    fn drop(&mut self) {
-        for i in 0..self.children.len() {
-            if let Some(child) = self.children[i].as_mut() {
-                let _ = Command::new("kill")
-                    .args(["-CONT", &child.id().to_string()])
-                    .status();
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-        }
-    }
+/// `Workers::start` with this file's run: `PROCEDURES` chains of `STEPS`, lease `TTL_S`.
+fn start_workers(cluster: &LocalCluster, prefix: &str, count: usize, extra: &[&str]) -> Workers {
+    let run = [
+        "--procedures",
+        &PROCEDURES.to_string(),
+        "--steps",
+        &STEPS.to_string(),
+        "--ttl",
+        &TTL_S.to_string(),
+    ]
+    .map(str::to_owned);
+    let args: Vec<&str> = run
+        .iter()
+        .map(String::as_str)
+        .chain(extra.iter().copied())
+        .collect();
+    Workers::start(cluster, prefix, count, &args)
 }
 
 fn cluster() -> LocalCluster {
@@ -195,7 +74,7 @@ fn leader_index(line: &Line) -> usize {
 #[test]
 fn the_group_survives_five_leader_kills_with_every_effect_exactly_once() {
     let cluster = cluster();
-    let mut workers = Workers::start(&cluster, "/failover", 3, &["--step-ms", "100"]);
+    let mut workers = start_workers(&cluster, "/failover", 3, &["--step-ms", "100"]);
     let mut leader = workers.next_leader(Duration::from_secs(30));
     let mut takeovers = Vec::new();
     for kill in 1..=5 {
@@ -233,7 +112,7 @@ fn the_group_survives_five_leader_kills_with_every_effect_exactly_once() {
 #[test]
 fn a_frozen_leader_is_fenced_by_etcd_when_it_wakes() {
     let cluster = cluster();
-    let mut workers = Workers::start(
+    let mut workers = start_workers(
         &cluster,
         "/fencing",
         2,
@@ -276,7 +155,7 @@ fn a_frozen_leader_is_fenced_by_etcd_when_it_wakes() {
 fn the_group_keeps_going_when_an_etcd_member_dies() {
     let mut cluster = cluster();
     // Slow steps: the run must outlast both kills and the stalls they cause.
-    let mut workers = Workers::start(&cluster, "/members", 3, &["--step-ms", "500"]);
+    let mut workers = start_workers(&cluster, "/members", 3, &["--step-ms", "500"]);
     workers.next_leader(Duration::from_secs(30));
     for target in ["follower", "leader"] {
         std::thread::sleep(Duration::from_millis(500));
@@ -321,7 +200,7 @@ fn the_group_keeps_going_when_an_etcd_member_dies() {
 #[test]
 fn without_an_etcd_quorum_the_group_stalls_with_a_clear_error_and_resumes_after() {
     let mut cluster = cluster();
-    let mut workers = Workers::start(&cluster, "/quorum", 3, &["--step-ms", "100"]);
+    let mut workers = start_workers(&cluster, "/quorum", 3, &["--step-ms", "100"]);
     let old = workers.next_leader(Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(700));
     let total = (PROCEDURES * STEPS) as usize;

@@ -1,0 +1,265 @@
+//! Workload 8 (issue 14): procflow on a local 3-member etcd (`cargo bench --bench compare
+//! -- --etcd`, root feature `etcd`).
+//!
+//! * The executor on `EtcdStore`, fenced with a term's token as a group leader's is, at
+//!   1, 16 and 256 closed-loop clients of the ten-step machine.
+//! * The baseline: one client committing the same fenced transactions back to back, each
+//!   one step's put (the compare of the leader key's create revision, one put of a step's
+//!   record, the failure branch's read of the leader key), measured before and after the
+//!   executor cells; the ratios use the mean.
+//! * Failover: three `group_worker` processes; the leader is killed with SIGKILL several
+//!   times, and the time until another prints `leading` is the takeover.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use procflow::executor::Executor;
+use procflow::group::{Election, EtcdElection, Term};
+use procflow_store::etcd::etcd_client::{
+    Client, Compare, CompareOp, EventType, Txn, TxnOp, WatchOptions,
+};
+use procflow_store::etcd::{EtcdConfig, EtcdStore, LocalCluster};
+use tokio::runtime::Runtime;
+
+use crate::drive::{Rate, run_procedures};
+use crate::machine::{Payload, TenSteps};
+use crate::workers::Workers;
+
+/// The concurrencies of the executor cells.
+const CLIENTS: [u64; 3] = [1, 16, 256];
+/// The lease TTL of the takeover workers, in seconds (etcd's minimum).
+const TAKEOVER_TTL_S: u64 = 2;
+/// The lease TTL of the bench's own terms: long enough never to lapse mid-cell.
+const BENCH_TTL: Duration = Duration::from_secs(10);
+
+/// The figures of the `etcd-summary` line.
+pub struct Summary {
+    pub etcd1_vs_raw: f64,
+    pub etcd256_vs_raw: f64,
+    pub takeover_s: f64,
+}
+
+impl Summary {
+    pub fn line(&self) -> String {
+        format!(
+            "etcd-summary: etcd1_vs_raw={:.2} etcd256_vs_raw={:.2} takeover_s={:.2}",
+            self.etcd1_vs_raw, self.etcd256_vs_raw, self.takeover_s
+        )
+    }
+}
+
+/// One executor cell: its rate, and the transactions it took (etcd revisions).
+struct Cell {
+    clients: u64,
+    rate: Rate,
+    txns: u64,
+}
+
+pub fn run(quick: bool, runtime: &Runtime) -> Summary {
+    let cell = Duration::from_millis(if quick { 1000 } else { 4000 });
+    let cluster = LocalCluster::start(3).unwrap_or_else(|error| panic!("{error}"));
+    let endpoints = cluster.endpoints().to_vec();
+    println!(
+        "etcd: 3 members on 127.0.0.1 ({}), {} ms per cell",
+        etcd_version(),
+        cell.as_millis()
+    );
+    let value_len = runtime.block_on(probe(&endpoints));
+    let raw_before = runtime.block_on(raw_loop(&endpoints, value_len, cell));
+    let cells: Vec<Cell> = CLIENTS
+        .iter()
+        .map(|&clients| runtime.block_on(executor_cell(&endpoints, clients, cell)))
+        .collect();
+    let raw_after = runtime.block_on(raw_loop(&endpoints, value_len, cell));
+    let raw = (raw_before + raw_after) / 2.0;
+    println!(
+        "raw loop of fenced one-put transactions ({value_len} B), one client: {raw_before:.0}/s before the executor cells, {raw_after:.0}/s after; mean {raw:.0}/s"
+    );
+    println!("clients  steps/s  txns/s  steps/txn  vs raw");
+    for c in &cells {
+        let secs = c.rate.elapsed.as_secs_f64();
+        println!(
+            "{:>7}  {:>7.0}  {:>6.0}  {:>9.1}  {:>5.2}x",
+            c.clients,
+            c.rate.steps_per_sec(),
+            c.txns as f64 / secs,
+            c.rate.steps as f64 / c.txns.max(1) as f64,
+            c.rate.steps_per_sec() / raw
+        );
+    }
+    let takeovers = takeover(&cluster, if quick { 3 } else { 5 });
+    let takeover_s = takeovers.iter().sum::<f64>() / takeovers.len() as f64;
+    let ratio = |clients| {
+        let c = cells.iter().find(|c| c.clients == clients).expect("cell");
+        c.rate.steps_per_sec() / raw
+    };
+    Summary {
+        etcd1_vs_raw: ratio(1),
+        etcd256_vs_raw: ratio(256),
+        takeover_s,
+    }
+}
+
+/// `etcd --version`'s first line.
+fn etcd_version() -> String {
+    let binary = std::env::var("ETCD_BIN").unwrap_or_else(|_| "etcd".into());
+    std::process::Command::new(binary)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|out| String::from_utf8(out.stdout).ok())
+        .and_then(|text| text.lines().next().map(str::to_owned))
+        .unwrap_or_else(|| "version unknown".into())
+}
+
+/// Wins a term on `config`'s leader key, as a group's leader would.
+async fn lead(client: &Client, config: &EtcdConfig, name: &str) -> (EtcdElection, Term) {
+    let election = EtcdElection::new(client.clone(), config, name, BENCH_TTL);
+    let term = election.campaign().await.expect("campaign");
+    (election, term)
+}
+
+/// etcd's current revision: one more per transaction that writes.
+async fn revision(client: &Client) -> i64 {
+    let mut client = client.clone();
+    let response = client.get("revision-probe", None).await.expect("get");
+    response.header().expect("a header").revision()
+}
+
+/// Runs one procedure on the etcd store and watches what it wrote: the transactions
+/// and the size of each record put. Returns the mean size, the raw loop's value size.
+async fn probe(endpoints: &[String]) -> usize {
+    let config = EtcdConfig::new(endpoints.to_vec(), "/bench/probe");
+    let store = Arc::new(EtcdStore::connect(config.clone()).await.expect("connect"));
+    let client = store.client();
+    let (election, term) = lead(&client, &config, "probe").await;
+    let executor = fenced_executor(Arc::clone(&store), term).await;
+    let before = revision(&client).await;
+    let id = executor.submit(Payload::new(0)).await.expect("submit");
+    executor.wait(id).await.expect("wait");
+    executor.shutdown().await.expect("shutdown");
+    let after = revision(&client).await;
+    let mut watcher = client.clone();
+    let options = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(before + 1);
+    let mut stream = watcher
+        .watch("/bench/probe/p/", Some(options))
+        .await
+        .expect("watch");
+    let mut sizes = Vec::new();
+    'events: while let Some(response) = stream.message().await.expect("watch") {
+        for event in response.events() {
+            let kv = event.kv().expect("an event's key");
+            if event.event_type() == EventType::Put {
+                sizes.push(kv.value().len());
+            }
+            if kv.mod_revision() >= after {
+                break 'events;
+            }
+        }
+    }
+    let _ = election.resign(term).await;
+    let mean = sizes.iter().sum::<usize>() / sizes.len().max(1);
+    println!(
+        "one procedure alone = {} transactions putting records of {:?} B; the raw loop puts {mean} B",
+        after - before,
+        sizes
+    );
+    mean
+}
+
+/// An executor of the ten-step machine on `store`, fenced with `term`'s token.
+async fn fenced_executor(store: Arc<EtcdStore>, term: Term) -> Executor<()> {
+    Executor::builder(store, ())
+        .register::<TenSteps>()
+        .fencing_token(term.token)
+        .start()
+        .await
+        .expect("start the executor")
+}
+
+/// The executor on a fresh prefix, `clients` closed-loop clients for `cell`.
+async fn executor_cell(endpoints: &[String], clients: u64, cell: Duration) -> Cell {
+    let config = EtcdConfig::new(endpoints.to_vec(), format!("/bench/executor{clients}"));
+    let store = Arc::new(EtcdStore::connect(config.clone()).await.expect("connect"));
+    let client = store.client();
+    let (election, term) = lead(&client, &config, "bench").await;
+    let executor = fenced_executor(store, term).await;
+    let before = revision(&client).await;
+    let rate = run_procedures(&executor, clients, cell).await;
+    let after = revision(&client).await;
+    executor.shutdown().await.expect("shutdown");
+    let _ = election.resign(term).await;
+    Cell {
+        clients,
+        rate,
+        txns: u64::try_from(after - before).unwrap_or(0),
+    }
+}
+
+/// One client committing fenced one-put transactions back to back for `cell`, each
+/// waiting for the last. Returns transactions (steps) per second.
+async fn raw_loop(endpoints: &[String], value_len: usize, cell: Duration) -> f64 {
+    let prefix = "/bench/raw";
+    let config = EtcdConfig::new(endpoints.to_vec(), prefix);
+    let mut client = Client::connect(endpoints, None).await.expect("connect");
+    let (election, term) = lead(&client, &config, "raw").await;
+    let leader = config.leader_key();
+    let token = i64::try_from(term.token).expect("a revision");
+    let value = vec![7u8; value_len];
+    let start = Instant::now();
+    let mut txns = 0u64;
+    while start.elapsed() < cell {
+        // As many keys as the 256-client cell has live procedures.
+        let key = format!("{prefix}/p/{:020}", txns % 256);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                leader.clone(),
+                CompareOp::Equal,
+                token,
+            )])
+            .and_then([TxnOp::put(key, value.clone(), None)])
+            .or_else([TxnOp::get(leader.clone(), None)]);
+        let response = client.txn(txn).await.expect("txn");
+        assert!(response.succeeded(), "the raw loop's term is current");
+        txns += 1;
+    }
+    let rate = txns as f64 / start.elapsed().as_secs_f64();
+    let _ = election.resign(term).await;
+    rate
+}
+
+/// Three workers; the leader is killed `kills` times, each time once it has worked for
+/// 700 ms. Returns each takeover in seconds: from the kill until a standby leads.
+fn takeover(cluster: &LocalCluster, kills: usize) -> Vec<f64> {
+    let args = [
+        "--procedures",
+        "20",
+        "--steps",
+        "1000000",
+        "--step-ms",
+        "50",
+        "--ttl",
+        &TAKEOVER_TTL_S.to_string(),
+    ];
+    let mut workers = Workers::start(cluster, "/bench/takeover", 3, &args);
+    let within = Duration::from_secs(4 * TAKEOVER_TTL_S);
+    let mut leader = workers.next_leader(Duration::from_secs(30));
+    let mut takeovers = Vec::new();
+    for kill in 1..=kills {
+        std::thread::sleep(Duration::from_millis(700));
+        let victim = leader.worker;
+        workers.kill(victim);
+        let killed = Instant::now();
+        leader = workers.next_leader(within);
+        let seconds = (leader.at - killed).as_secs_f64();
+        println!(
+            "kill {kill} of the leader w{victim}: takeover: {seconds:.2} s (lease ttl {TAKEOVER_TTL_S} s) by w{}",
+            leader.worker
+        );
+        takeovers.push(seconds);
+        workers.spawn(victim);
+    }
+    takeovers
+}

@@ -1,0 +1,150 @@
+//! Worker processes of an executor group (`src/bin/group_worker.rs`) for
+//! `tests/etcd_failover.rs` and the etcd workloads of `benches/compare.rs`: spawns them,
+//! merges their output into one channel, kills and signals them, reads their ledger.
+
+// Each includer uses part of it.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use procflow_store::etcd::LocalCluster;
+
+/// A line a worker printed, and when it was read.
+pub struct Line {
+    pub worker: usize,
+    pub text: String,
+    pub at: Instant,
+}
+
+/// `group_worker` processes `w0`, `w1`…, their output merged into one channel.
+pub struct Workers {
+    cluster_endpoints: String,
+    prefix: String,
+    ledger: tempfile::TempDir,
+    extra: Vec<String>,
+    children: Vec<Option<Child>>,
+    pub lines: mpsc::Receiver<Line>,
+    sender: mpsc::Sender<Line>,
+    log: Vec<String>,
+}
+
+impl Workers {
+    /// Starts `count` workers on `cluster` under `prefix`, each given `extra` arguments
+    /// after `--endpoints`, `--prefix`, `--name` and `--ledger`.
+    pub fn start(cluster: &LocalCluster, prefix: &str, count: usize, extra: &[&str]) -> Self {
+        let (sender, lines) = mpsc::channel();
+        let mut workers = Self {
+            cluster_endpoints: cluster.endpoints().join(","),
+            prefix: prefix.to_owned(),
+            ledger: tempfile::tempdir().unwrap(),
+            extra: extra.iter().map(|s| (*s).to_owned()).collect(),
+            children: (0..count).map(|_| None).collect(),
+            lines,
+            sender,
+            log: Vec::new(),
+        };
+        for i in 0..count {
+            workers.spawn(i);
+        }
+        workers
+    }
+
+    /// Starts worker `i` (again, after a kill).
+    pub fn spawn(&mut self, i: usize) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_group_worker"))
+            .args([
+                "--endpoints",
+                &self.cluster_endpoints,
+                "--prefix",
+                &self.prefix,
+            ])
+            .args(["--name", &format!("w{i}")])
+            .arg("--ledger")
+            .arg(self.ledger.path())
+            .args(&self.extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("group_worker starts");
+        let stdout = child.stdout.take().unwrap();
+        let sender = self.sender.clone();
+        std::thread::spawn(move || {
+            for text in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = sender.send(Line {
+                    worker: i,
+                    text,
+                    at: Instant::now(),
+                });
+            }
+        });
+        self.children[i] = Some(child);
+    }
+
+    /// Waits up to `within` for a line matching `wanted`.
+    pub fn expect(&mut self, within: Duration, what: &str, wanted: impl Fn(&Line) -> bool) -> Line {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.log.push(format!("w{}: {}", line.worker, line.text));
+                    if wanted(&line) {
+                        return line;
+                    }
+                }
+                Err(_) => panic!(
+                    "no {what} within {within:?}; workers said:\n{}",
+                    self.log.join("\n")
+                ),
+            }
+        }
+    }
+
+    pub fn next_leader(&mut self, within: Duration) -> Line {
+        self.expect(within, "new leader", |l| l.text.starts_with("leading "))
+    }
+
+    pub fn signal(&self, i: usize, signal: &str) {
+        let pid = self.children[i].as_ref().unwrap().id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} {pid}");
+    }
+
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.children[i].take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    /// Every ledger line: (procedure, step, token), in the order they were written.
+    pub fn ledger(&self) -> Vec<(u64, u64, u64)> {
+        let text = std::fs::read_to_string(self.ledger.path().join("ledger")).unwrap_or_default();
+        text.lines()
+            .map(|line| {
+                let f: Vec<u64> = line.split(' ').map(|f| f.parse().unwrap()).collect();
+                (f[0], f[1], f[2])
+            })
+            .collect()
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for i in 0..self.children.len() {
+            if let Some(child) = self.children[i].as_mut() {
+                let _ = Command::new("kill")
+                    .args(["-CONT", &child.id().to_string()])
+                    .status();
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
