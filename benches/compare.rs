@@ -60,6 +60,9 @@ mod raw;
 mod restart;
 #[path = "compare/single.rs"]
 mod single;
+#[cfg(not(feature = "etcd"))]
+#[path = "../tests/support/with_etcd.rs"]
+mod with_etcd;
 #[cfg(feature = "etcd")]
 #[path = "../tests/support/workers.rs"]
 mod workers;
@@ -202,27 +205,15 @@ fn etcd_main() {
     println!("{}", summary.line());
 }
 
-/// `--etcd` in a build without the root package's `etcd` feature (which needs `protoc` to
-/// build etcd-client, so it is not on by default): runs the bench again through cargo,
-/// with the feature, and exits with its status.
+/// `--etcd` in a build without the root package's `etcd` feature: runs the bench again
+/// through cargo, with the feature.
 #[cfg(not(feature = "etcd"))]
 fn etcd_main() {
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|arg| arg != "--bench")
         .collect();
-    println!(
-        "compare: built without feature `etcd`; running `cargo bench --bench compare --features etcd -- {}`",
-        args.join(" ")
-    );
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = std::process::Command::new(cargo)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["bench", "--bench", "compare", "--features", "etcd", "--"])
-        .args(&args)
-        .status()
-        .expect("run cargo");
-    std::process::exit(status.code().unwrap_or(1));
+    with_etcd::rerun("bench", &["--bench", "compare"], &args);
 }
 
 /// The value of `--cell`, if given.
