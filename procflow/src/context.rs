@@ -25,6 +25,7 @@ pub struct Context<E> {
     id: ProcedureId,
     env: Arc<E>,
     fencing_token: Option<u64>,
+    attempt: u32,
 }
 
 impl<E> Context<E> {
@@ -35,7 +36,37 @@ impl<E> Context<E> {
             id,
             env,
             fencing_token: None,
+            attempt: 1,
         }
+    }
+
+    /// Sets the number [`attempt`](Self::attempt) returns (for a handler's unit tests).
+    #[must_use]
+    pub fn with_attempt(mut self, attempt: u32) -> Self {
+        self.attempt = attempt;
+        self
+    }
+
+    /// Which try of the current step this is: 1 the first time it runs, 2 on its first
+    /// retry after a retryable error, and so on (a rollback step counts its own tries).
+    /// Counted by the executor running it: after a restart a step counts from 1 again.
+    ///
+    /// ```
+    /// use procflow::{Context, ProcedureId};
+    /// use std::sync::Arc;
+    ///
+    /// let ctx = Context::new(ProcedureId::new(1), Arc::new(()));
+    /// assert_eq!(ctx.attempt(), 1);
+    /// // A handler can, say, log louder from the third try on.
+    /// assert!(ctx.with_attempt(3).attempt() >= 3);
+    /// ```
+    #[must_use]
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    pub(crate) fn set_attempt(&mut self, attempt: u32) {
+        self.attempt = attempt;
     }
 
     /// Sets the fencing token [`fencing_token`](Self::fencing_token) returns.
@@ -112,6 +143,7 @@ impl<E> Clone for Context<E> {
             id: self.id,
             env: Arc::clone(&self.env),
             fencing_token: self.fencing_token,
+            attempt: self.attempt,
         }
     }
 }

@@ -102,6 +102,17 @@ async fn retryable_errors_are_retried_then_succeed(store: TestStore) {
     let id = executor.submit(counter).await.unwrap();
     assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
     assert_eq!(ledger.count("p execute 2"), 4, "3 failures, then success");
+    // `Context::attempt` numbered the tries 1 to 4; the next step starts at 1 again.
+    for attempt in 1..=4 {
+        assert!(
+            ledger
+                .value(&format!("p step 2 attempt {attempt}"))
+                .is_some()
+        );
+    }
+    assert!(ledger.value("p step 2 attempt 5").is_none());
+    assert!(ledger.value("p step 3 attempt 1").is_some());
+    assert!(ledger.value("p step 3 attempt 2").is_none());
     assert_eq!(
         ledger.count("p execute 1"),
         1,

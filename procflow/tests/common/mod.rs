@@ -93,6 +93,10 @@ impl Counter {
     async fn step(&mut self, ctx: &Context<Ledger>, n: u8, add: u64) -> Result<bool, Error> {
         let ledger = ctx.env();
         ledger.push(format!("{} execute {n}", self.name));
+        ledger.set(
+            format!("{} step {n} attempt {}", self.name, ctx.attempt()),
+            1,
+        );
         if self.slow_ms > 0 {
             tokio::time::sleep(Duration::from_millis(self.slow_ms)).await;
         }

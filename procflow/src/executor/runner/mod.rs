@@ -359,6 +359,8 @@ impl<E: Send + Sync + 'static> Runner<E> {
         // From here on the state may have acted, whatever the step returns.
         self.acted = true;
         let deadline = self.deadline_timer();
+        // `attempts` counts this step's failed tries so far.
+        self.ctx.set_attempt(self.attempts.saturating_add(1));
         let span = tracing::info_span!("step", state, steps = self.procedure.steps());
         let step = AssertUnwindSafe(self.procedure.step(&self.ctx))
             .catch_unwind()
