@@ -35,6 +35,7 @@ on_both_stores! {
     timeout_fails_a_stuck_procedure => timeout_fails_a_stuck_procedure;
     finished_procedures_are_removed_after_retention => finished_procedures_are_removed_after_retention;
     queue_full_is_an_error_not_memory => queue_full_is_an_error_not_memory;
+    abort_of_a_queued_procedure_does_not_wait_for_a_slot => abort_of_a_queued_procedure_does_not_wait_for_a_slot;
     shutdown_finishes_the_step_in_flight_and_resumes_later => shutdown_finishes_the_step_in_flight_and_resumes_later;
     subscription_sees_the_terminal_state => subscription_sees_the_terminal_state;
 }
@@ -539,6 +540,44 @@ async fn queue_full_is_an_error_not_memory(store: TestStore) {
     executor.abort(a).unwrap();
     executor.wait(a).await.unwrap();
     executor.submit(slow()).await.unwrap();
+}
+
+async fn abort_of_a_queued_procedure_does_not_wait_for_a_slot(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = store
+        .builder(&ledger)
+        .register::<CounterState>()
+        .config(Config {
+            max_running: 1,
+            ..test_config()
+        })
+        .start()
+        .await
+        .unwrap();
+    // `held` takes the only running slot and keeps it: suspended, nobody wakes it.
+    let held = executor
+        .submit(Counter {
+            suspend_at: Some(1),
+            ..Counter::named("held")
+        })
+        .await
+        .unwrap();
+    let mut info = executor.subscribe(held).unwrap();
+    info.wait_for(|i| matches!(i.status, Status::Suspended { .. }))
+        .await
+        .unwrap();
+    let queued = executor.submit(Counter::named("queued")).await.unwrap();
+    executor.abort(queued).unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(10), executor.wait(queued))
+        .await
+        .expect("the abort of a queued procedure is honoured without a running slot")
+        .unwrap();
+    assert!(matches!(outcome, Outcome::RolledBack(_)), "{outcome:?}");
+    assert_eq!(ledger.count("queued execute 1"), 0, "it never ran");
+    assert!(matches!(
+        executor.state(held).unwrap().status,
+        Status::Suspended { .. }
+    ));
 }
 
 async fn shutdown_finishes_the_step_in_flight_and_resumes_later(store: TestStore) {

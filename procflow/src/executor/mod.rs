@@ -322,7 +322,8 @@ impl<E: Send + Sync + 'static> Executor<E> {
 
     /// Asks procedure `id` to roll back. Honoured where rollback is supported (before a
     /// point of no return): at its next step boundary, or at once while it waits (for a
-    /// lock, an event, a retry or its children, which are stopped first). The rollback
+    /// lock, an event, a retry or its children, which are stopped first; a procedure still
+    /// queued for a running slot rolls back at once, without one). The rollback
     /// undoes the current state too if its handler ran (it may have partly acted). A
     /// running step is not cancelled.
     ///

@@ -222,13 +222,13 @@ impl<E: Send + Sync + 'static> Runner<E> {
         let inner = Arc::clone(&self.inner);
         // Only root procedures take a running slot: a child runs on its root's behalf, so a
         // full executor can never wait on children that cannot start.
-        // A root whose deadline passes while it is queued rolls back at once, without a
-        // slot: the deadline ends a procedure wherever it waits.
+        // A root aborted, or whose deadline passes, while it is queued rolls back at once,
+        // without a slot: both end a procedure wherever it waits (an abort of a queued
+        // procedure must not wait for the running ones, which may never end).
         let _slot = if self.parent.is_none() {
-            tokio::select! {
-                permit = inner.running.acquire() => permit.ok(),
-                () = self.deadline_timer() => None,
-                () = inner.stopping() => return,
+            match self.take_slot(&inner.running).await {
+                Ok(slot) => slot,
+                Err(Exit) => return,
             }
         } else {
             None

@@ -14,6 +14,7 @@ use crate::{Error, Phase};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 impl<E: Send + Sync + 'static> Runner<E> {
     /// Whether an abort or the deadline may still end the procedure by rolling it back:
@@ -70,6 +71,34 @@ impl<E: Send + Sync + 'static> Runner<E> {
                 None => std::future::pending().await,
             }
         }
+    }
+
+    /// A root's wait for a running slot. An abort or the deadline while it is queued ends
+    /// the wait without a slot (`Ok(None)`): the first turn then rolls back. A wake of its
+    /// event that arrives meanwhile (a suspended procedure loaded at start) is given back
+    /// to `await_event`, which would otherwise never see it.
+    pub(super) async fn take_slot<'a>(
+        &mut self,
+        running: &'a Semaphore,
+    ) -> Result<Option<SemaphorePermit<'a>>, Exit> {
+        let acquire = running.acquire();
+        tokio::pin!(acquire);
+        let mut woken = false;
+        let slot = loop {
+            if self.interruption().is_some() {
+                break None;
+            }
+            tokio::select! {
+                permit = &mut acquire => break permit.ok(),
+                () = self.wake.notified() => woken = true,
+                () = self.deadline_timer() => {}
+                () = self.inner.stopping() => return Err(Exit),
+            }
+        };
+        if woken {
+            self.wake.notify_one();
+        }
+        Ok(slot)
     }
 
     /// Waits for `until`, unless an abort or the deadline interrupts first (`Ok(Err)`,
