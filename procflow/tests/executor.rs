@@ -49,6 +49,17 @@ async fn start(store: &TestStore, ledger: &Ledger) -> Executor<Ledger> {
         .unwrap()
 }
 
+/// `start` with `config` instead of the tests' default.
+async fn start_with(store: &TestStore, ledger: &Ledger, config: Config) -> Executor<Ledger> {
+    store
+        .builder(ledger)
+        .register::<CounterState>()
+        .config(config)
+        .start()
+        .await
+        .unwrap()
+}
+
 async fn runs_to_success_reporting_progress(store: TestStore) {
     let ledger = Ledger::default();
     let executor = start(&store, &ledger).await;
@@ -477,17 +488,16 @@ async fn timeout_fails_a_stuck_procedure(store: TestStore) {
 
 async fn finished_procedures_are_removed_after_retention(store: TestStore) {
     let ledger = Ledger::default();
-    let executor = store
-        .builder(&ledger)
-        .register::<CounterState>()
-        .config(Config {
+    let executor = start_with(
+        &store,
+        &ledger,
+        Config {
             retention: Duration::from_millis(100),
             cleanup_interval: Duration::from_millis(20),
             ..test_config()
-        })
-        .start()
-        .await
-        .unwrap();
+        },
+    )
+    .await;
     let options = SubmitOptions::default().nonce("n1");
     let id = executor
         .submit_with(Counter::named("p"), options.clone())
@@ -515,17 +525,16 @@ async fn finished_procedures_are_removed_after_retention(store: TestStore) {
 
 async fn queue_full_is_an_error_not_memory(store: TestStore) {
     let ledger = Ledger::default();
-    let executor = store
-        .builder(&ledger)
-        .register::<CounterState>()
-        .config(Config {
+    let executor = start_with(
+        &store,
+        &ledger,
+        Config {
             max_running: 1,
             queue_capacity: 1,
             ..test_config()
-        })
-        .start()
-        .await
-        .unwrap();
+        },
+    )
+    .await;
     let slow = || Counter {
         suspend_at: Some(1),
         ..Counter::named("slow")
@@ -544,16 +553,15 @@ async fn queue_full_is_an_error_not_memory(store: TestStore) {
 
 async fn abort_of_a_queued_procedure_does_not_wait_for_a_slot(store: TestStore) {
     let ledger = Ledger::default();
-    let executor = store
-        .builder(&ledger)
-        .register::<CounterState>()
-        .config(Config {
+    let executor = start_with(
+        &store,
+        &ledger,
+        Config {
             max_running: 1,
             ..test_config()
-        })
-        .start()
-        .await
-        .unwrap();
+        },
+    )
+    .await;
     // `held` takes the only running slot and keeps it: suspended, nobody wakes it.
     let held = executor
         .submit(Counter {
