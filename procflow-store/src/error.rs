@@ -37,6 +37,12 @@ pub enum StoreError {
         /// The store directory.
         dir: PathBuf,
     },
+    /// The directory holds no store (no log segment) to read.
+    #[error("{} holds no procflow store (no segment-*.wal file)", dir.display())]
+    NotAStore {
+        /// The directory.
+        dir: PathBuf,
+    },
     /// A previous write or fsync failed, so the log's durable state is unknown; reopen the
     /// store to recover from what is on disk.
     #[error("the store is poisoned by an earlier failed write or fsync; reopen it")]

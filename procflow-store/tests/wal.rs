@@ -548,3 +548,35 @@ async fn p12_a_shortened_segment_before_an_empty_active_one_is_corruption() {
         assert_corrupt_naming(err, before, &env);
     }
 }
+
+#[tokio::test]
+async fn read_only_sees_an_open_store_and_changes_nothing() {
+    for env in Env::all() {
+        let empty = WalStore::read_only_with_backend(env.fresh_dir(), env.backend.as_ref());
+        assert!(
+            matches!(empty, Err(StoreError::NotAStore { .. })),
+            "{}: {empty:?}",
+            env.name
+        );
+        let dir = env.dir.clone();
+        // Small segments, so that compaction runs and the log has several files.
+        let store = env.open(small_segments(&env, 4096)).unwrap();
+        for batch in workload(40, 200) {
+            store.commit(batch).await.unwrap();
+        }
+        // The writer holds the lock; the reader needs none and sees what it committed.
+        let seen = WalStore::read_only_with_backend(&dir, env.backend.as_ref()).unwrap();
+        assert_eq!(seen, store.load().await.unwrap(), "{}", env.name);
+        store.close().await.unwrap();
+        drop(store);
+
+        // A torn tail (a record being appended) is not seen, and left as it is.
+        let last = env.segments().pop().unwrap();
+        let bytes = env.read(&last);
+        env.write(&last, &bytes[..bytes.len() - 7]);
+        let seen = WalStore::read_only_with_backend(&dir, env.backend.as_ref()).unwrap();
+        assert_eq!(env.read(&last).len(), bytes.len() - 7, "{}", env.name);
+        let store = env.open_at(&dir, small_segments(&env, 4096)).unwrap();
+        assert_eq!(seen, store.load().await.unwrap(), "{}", env.name);
+    }
+}

@@ -193,6 +193,31 @@ impl WalStore {
         })
     }
 
+    /// Reads everything the store in `dir` holds, as [`Store::load`] would, without
+    /// opening it: it takes no lock and writes nothing, so it works while an executor runs
+    /// on the store (the `procflow` CLI's read commands use it). It sees the log as far as
+    /// the writer has appended; a record being appended is not seen.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::NotAStore`] if `dir` holds no log segment, [`StoreError::Corrupt`]
+    /// if the log is damaged, [`StoreError::Io`] otherwise.
+    pub fn read_only(dir: impl AsRef<Path>) -> Result<Loaded, StoreError> {
+        Self::read_only_with_backend(dir, &FsBackend)
+    }
+
+    /// [`WalStore::read_only`] on another [`IoBackend`].
+    ///
+    /// # Errors
+    ///
+    /// As [`WalStore::read_only`].
+    pub fn read_only_with_backend(
+        dir: impl AsRef<Path>,
+        backend: &dyn IoBackend,
+    ) -> Result<Loaded, StoreError> {
+        Ok(recovery::read_only(backend, dir.as_ref())?.load())
+    }
+
     /// The store's directory.
     pub fn dir(&self) -> &Path {
         &self.inner.dir

@@ -300,16 +300,11 @@ pub(crate) fn recover(
     }
     numbers.sort_unstable();
     check_segment_numbers(dir, &numbers)?;
-
-    let mut state = State::default();
-    let mut index = LiveIndex::default();
-    let mut segments = Vec::with_capacity(numbers.len());
-    let mut seqs = SeqCheck::default();
     let Some(&last_number) = numbers.last() else {
         let active = segment::create(backend, dir, 1, 1, sync)?;
         return Ok(Recovered {
-            state,
-            index,
+            state: State::default(),
+            index: LiveIndex::default(),
             segments: vec![SegmentInfo {
                 number: 1,
                 len: SEGMENT_HEADER_LEN as u64,
@@ -318,7 +313,68 @@ pub(crate) fn recover(
             next_seq: 1,
         });
     };
-    for &number in &numbers {
+    let replayed = replay(backend, dir, &numbers, |path, valid_len| {
+        let file = backend
+            .open_file(path)
+            .map_err(io_err("opening a segment", path))?;
+        file.truncate(valid_len)
+            .map_err(io_err("truncating a torn tail", path))?;
+        if sync {
+            file.sync_data()
+                .map_err(io_err("syncing a truncated segment", path))?;
+        }
+        Ok(())
+    })?;
+    let Replayed {
+        state,
+        index,
+        segments,
+        next_seq,
+    } = replayed;
+    let path = segment::path(dir, last_number);
+    let active = backend
+        .open_file(&path)
+        .map_err(io_err("opening the active segment", &path))?;
+    if sync {
+        // What was read may still be only in the page cache (the process, not the
+        // machine, crashed). The next group's first record will claim that everything
+        // before it is durable, so make it so.
+        active
+            .sync_data()
+            .map_err(io_err("syncing the active segment", &path))?;
+    }
+    Ok(Recovered {
+        state,
+        index,
+        segments,
+        active,
+        next_seq,
+    })
+}
+
+/// What reading the whole log gives.
+struct Replayed {
+    state: State,
+    index: LiveIndex,
+    segments: Vec<SegmentInfo>,
+    next_seq: u64,
+}
+
+/// Reads segments `numbers` (sorted, contiguous) in order and applies their records;
+/// calls `torn(path, valid_len)` for a segment whose tail is torn (only the last one can
+/// be: any other damage is [`StoreError::Corrupt`]).
+fn replay(
+    backend: &dyn IoBackend,
+    dir: &Path,
+    numbers: &[u64],
+    mut torn: impl FnMut(&Path, u64) -> Result<(), StoreError>,
+) -> Result<Replayed, StoreError> {
+    let mut state = State::default();
+    let mut index = LiveIndex::default();
+    let mut segments = Vec::with_capacity(numbers.len());
+    let mut seqs = SeqCheck::default();
+    let last_number = numbers.last().copied().unwrap_or(0);
+    for &number in numbers {
         let path = segment::path(dir, number);
         // The live values recovered from this segment stay slices of this buffer, so
         // memory after a restart is at most the log's size on disk (which compaction
@@ -339,15 +395,7 @@ pub(crate) fn recover(
             }
         }
         if scan.torn.is_some() {
-            let file = backend
-                .open_file(&path)
-                .map_err(io_err("opening a segment", &path))?;
-            file.truncate(scan.valid_len)
-                .map_err(io_err("truncating a torn tail", &path))?;
-            if sync {
-                file.sync_data()
-                    .map_err(io_err("syncing a truncated segment", &path))?;
-            }
+            torn(&path, scan.valid_len)?;
         }
         seqs.end_segment(&path, scan.valid_len);
         segments.push(SegmentInfo {
@@ -355,25 +403,54 @@ pub(crate) fn recover(
             len: scan.valid_len,
         });
     }
-    let path = segment::path(dir, last_number);
-    let active = backend
-        .open_file(&path)
-        .map_err(io_err("opening the active segment", &path))?;
-    if sync {
-        // What was read may still be only in the page cache (the process, not the
-        // machine, crashed). The next group's first record will claim that everything
-        // before it is durable, so make it so.
-        active
-            .sync_data()
-            .map_err(io_err("syncing the active segment", &path))?;
-    }
-    Ok(Recovered {
+    Ok(Replayed {
         state,
         index,
         segments,
-        active,
         next_seq: seqs.expected.unwrap_or(1),
     })
+}
+
+/// Reads the log as it is, beside a writer that may be appending to it and compacting
+/// it, without the directory's lock and without changing a byte: a torn tail is where
+/// the writer is appending, and is left alone. A segment compaction removes while it is
+/// read makes it read again, a few times.
+///
+/// # Errors
+///
+/// [`StoreError::NotAStore`] if `dir` holds no segment; [`StoreError::Corrupt`] and
+/// [`StoreError::Io`] as for opening.
+pub(crate) fn read_only(backend: &dyn IoBackend, dir: &Path) -> Result<State, StoreError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match read_once(backend, dir) {
+            Err(StoreError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound && attempt < 5 => {}
+            Err(StoreError::Corrupt { .. }) if attempt < 3 => {}
+            result => return result,
+        }
+    }
+}
+
+fn read_once(backend: &dyn IoBackend, dir: &Path) -> Result<State, StoreError> {
+    let not_a_store = || StoreError::NotAStore {
+        dir: dir.to_path_buf(),
+    };
+    let names = match backend.list_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(not_a_store()),
+        listed => listed.map_err(io_err("listing the store directory", dir))?,
+    };
+    let mut numbers: Vec<u64> = names
+        .iter()
+        .filter_map(|name| segment::parse_file_name(name))
+        .collect();
+    if numbers.is_empty() {
+        return Err(not_a_store());
+    }
+    numbers.sort_unstable();
+    check_segment_numbers(dir, &numbers)?;
+    Ok(replay(backend, dir, &numbers, |_, _| Ok(()))?.state)
 }
 
 #[cfg(test)]

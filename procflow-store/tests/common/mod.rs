@@ -14,7 +14,7 @@ use procflow_store::{Batch, Loaded, MemStore, Store, StoreError, WalConfig, WalS
 pub struct Env {
     pub name: &'static str,
     pub dir: PathBuf,
-    backend: Arc<dyn IoBackend>,
+    pub backend: Arc<dyn IoBackend>,
     sim: Option<SimBackend>,
     _tempdir: Option<tempfile::TempDir>,
 }
