@@ -131,18 +131,31 @@ pub fn decode<M: StateMachine>(bytes: &[u8]) -> Result<(M::Procedure, Cursor<M>)
             found: found.into_owned(),
         });
     }
-    let error = |source| CodecError::Decode {
-        machine: M::NAME.to_owned(),
-        source,
-    };
-    let (_, rest) = postcard::take_from_bytes::<NameOnly<'_>>(bytes).map_err(error)?;
-    let (repr, rest) = postcard::take_from_bytes::<Repr<'_>>(rest).map_err(error)?;
+    let (repr, rest) = read_cursor(bytes, M::NAME)?;
     let cursor = Cursor::from_repr(&repr).map_err(|state| CodecError::UnknownState {
         machine: M::NAME,
         state,
     })?;
-    let procedure = postcard::from_bytes(rest).map_err(error)?;
+    let procedure = postcard::from_bytes(rest).map_err(|source| CodecError::Decode {
+        machine: M::NAME.to_owned(),
+        source,
+    })?;
     Ok((procedure, cursor))
+}
+
+/// The cursor of a snapshot of machine `machine` (read already from its header), with
+/// its states as names, and the procedure data after it: what readers without the
+/// machine's types ([`operator`](crate::operator)) can see.
+pub(crate) fn read_cursor<'a>(
+    bytes: &'a [u8],
+    machine: &str,
+) -> Result<(Repr<'a>, &'a [u8]), CodecError> {
+    let error = |source| CodecError::Decode {
+        machine: machine.to_owned(),
+        source,
+    };
+    let (_, rest) = postcard::take_from_bytes::<NameOnly<'_>>(bytes).map_err(error)?;
+    postcard::take_from_bytes::<Repr<'_>>(rest).map_err(error)
 }
 
 /// The stable machine name a snapshot starts with.

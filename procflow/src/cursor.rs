@@ -260,13 +260,13 @@ impl<M: StateMachine> Cursor<M> {
 #[derive(Serialize, Deserialize)]
 pub(crate) struct Repr<'a> {
     #[serde(borrow)]
-    state: Cow<'a, str>,
-    steps: u64,
+    pub(crate) state: Cow<'a, str>,
+    pub(crate) steps: u64,
     #[serde(borrow)]
-    completed: Vec<Cow<'a, str>>,
+    pub(crate) completed: Vec<Cow<'a, str>>,
     #[serde(borrow)]
-    entries: Vec<(Cow<'a, str>, u32)>,
-    phase: Phase,
+    pub(crate) entries: Vec<(Cow<'a, str>, u32)>,
+    pub(crate) phase: Phase,
 }
 
 impl<M: StateMachine> Serialize for Cursor<M> {

@@ -97,6 +97,8 @@
 //! - [`locks`]: entity locks procedures declare.
 //! - [`codec`]: the persisted form of a procedure.
 //! - [`mod@diagram`]: a Mermaid picture of a machine.
+//! - [`operator`]: what operators see and do — readable records, diagrams with a
+//!   procedure's path, durable abort/wake/bypass requests.
 
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
@@ -115,6 +117,7 @@ mod id;
 mod instance;
 pub mod locks;
 mod machine;
+pub mod operator;
 mod probe;
 mod stepper;
 #[cfg(feature = "testing")]

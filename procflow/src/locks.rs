@@ -908,7 +908,7 @@ mod tests {
 }
 
 /// How long a procedure holds its [`Locks`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum Hold {
     /// From before its first step until it ends (rolled back included); re-taken after a
     /// restart before it runs again. HBase's `holdLock = true`.

@@ -9,11 +9,13 @@ use super::hooks::KillHook;
 use super::inner::{self, Inner, Mode, Table};
 use super::record::Wait;
 use super::record::{Envelope, FENCE_KEY, NEXT_ID_KEY, NONCE_PREFIX};
+use super::requests;
 use super::runner::{self, Launch};
 use super::status::Unloadable;
 use super::wakes::WakeLog;
 use crate::locks::Hold;
 use crate::locks::LockTable;
+use crate::operator::graph::MACHINE_PREFIX;
 use crate::{ProcedureId, StateMachine};
 use procflow_store::{Batch, Loaded, Record, Store};
 use std::collections::HashMap;
@@ -167,6 +169,13 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             .load()
             .await
             .map_err(|e| ExecutorError::Store(Arc::new(e)))?;
+        store_graphs(
+            self.store.as_ref(),
+            &self.registry,
+            &loaded,
+            self.fencing_token,
+        )
+        .await?;
         let table = table_from(&loaded)?;
         let inner = Arc::new(Inner {
             workers: Semaphore::new(self.config.workers.max(1)),
@@ -187,7 +196,7 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             writes: AtomicU64::new(0),
             tasks: TaskTracker::new(),
         });
-        resume(&inner, &loaded.records, &self.aborted);
+        resume(&inner, &loaded, &self.aborted);
         let cleaner = Arc::clone(&inner);
         inner.tasks.spawn(cleanup::run(cleaner));
         Ok(Executor { inner })
@@ -200,6 +209,30 @@ async fn fence(store: &dyn Store, token: u64) -> Result<(), ExecutorError> {
     let batch = Batch::new()
         .put_meta(FENCE_KEY, token.to_le_bytes().to_vec())
         .with_fencing_token(token);
+    store.commit(batch).await.map_err(ExecutorError::from_store)
+}
+
+/// Stores the graph of every registered machine whose stored graph differs (or is
+/// missing), so that tools without the machines' types can draw them.
+async fn store_graphs<E: Send + Sync + 'static>(
+    store: &dyn Store,
+    registry: &Registry<E>,
+    loaded: &Loaded,
+    token: Option<u64>,
+) -> Result<(), ExecutorError> {
+    let mut batch = Batch::new();
+    for graph in &registry.graphs {
+        let key = format!("{MACHINE_PREFIX}{}", graph.name);
+        // A graph is names and flags: it always serializes.
+        let value = postcard::to_stdvec(graph).unwrap_or_default();
+        if loaded.meta.get(&key) != Some(&value) {
+            batch = batch.put_meta(key, value);
+        }
+    }
+    if batch.ops.is_empty() {
+        return Ok(());
+    }
+    batch.fencing_token = token;
     store.commit(batch).await.map_err(ExecutorError::from_store)
 }
 
@@ -242,7 +275,9 @@ fn table_from(loaded: &Loaded) -> Result<Table, ExecutorError> {
 /// the table (a parent finds its children), every suspended procedure is registered on
 /// its event (a `wake` right after the start reaches it), and every procedure that held
 /// locks for life holds them again (no one else is granted a conflicting lock first).
-fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, records: &[Record], aborted: &[u64]) {
+/// Operators' requests left in the store are handed to their procedures then too.
+fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, loaded: &Loaded, aborted: &[u64]) {
+    let records = &loaded.records;
     let parents: HashMap<u64, Option<u64>> = records.iter().map(|r| (r.id, r.parent)).collect();
     let mut live = Vec::new();
     for record in records {
@@ -276,6 +311,7 @@ fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, records: &[Record], a
         total = records.len(),
         "executor resuming procedures"
     );
+    requests::carry_out_stored(inner, &loaded.meta);
     for (launch, wake) in live {
         runner::start(inner, launch, wake);
     }

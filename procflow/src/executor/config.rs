@@ -39,6 +39,10 @@ pub struct Config {
     pub retention: Duration,
     /// How often finished procedures past their retention are looked for. Default: 10 s.
     pub cleanup_interval: Duration,
+    /// How many entries of its step history each stored procedure keeps (the newest; the
+    /// record counts the ones it dropped). Each entry adds about 15 bytes to every write
+    /// of the procedure; 0 keeps none. Default: 32.
+    pub history: usize,
 }
 
 impl Default for Config {
@@ -54,6 +58,7 @@ impl Default for Config {
             },
             retention: Duration::from_secs(15 * 60),
             cleanup_interval: Duration::from_secs(10),
+            history: 32,
         }
     }
 }

@@ -4,6 +4,7 @@
 use crate::codec::{self, CodecError};
 use crate::instance::{Instance, Progress};
 use crate::locks::{LockKeyError, Locks};
+use crate::operator::MachineGraph;
 use crate::{Child, Context, Error, Phase, StateMachine};
 use futures_util::future::BoxFuture;
 use std::any::TypeId;
@@ -110,6 +111,8 @@ pub(crate) struct Registry<E> {
     loaders: HashMap<&'static str, (TypeId, Loader<E>)>,
     /// A name registered twice by different machines; reported when the executor starts.
     pub(crate) duplicate: Option<&'static str>,
+    /// The graph of each machine, stored for tools that lack the machines' types.
+    pub(crate) graphs: Vec<MachineGraph>,
 }
 
 impl<E: Send + Sync + 'static> Registry<E> {
@@ -117,6 +120,7 @@ impl<E: Send + Sync + 'static> Registry<E> {
         Self {
             loaders: HashMap::new(),
             duplicate: None,
+            graphs: Vec::new(),
         }
     }
 
@@ -127,7 +131,9 @@ impl<E: Send + Sync + 'static> Registry<E> {
             if previous != TypeId::of::<M>() {
                 self.duplicate.get_or_insert(M::NAME);
             }
+            return;
         }
+        self.graphs.push(MachineGraph::of::<M>());
     }
 
     pub(crate) fn contains(&self, machine: &str) -> bool {

@@ -30,6 +30,8 @@ pub enum WriteKind {
     Finish,
     /// Finished procedures past their retention were deleted.
     Cleanup,
+    /// An operator's request was stored, or deleted once carried out.
+    Request,
 }
 
 /// One store write, as a [`KillHook`] sees it.

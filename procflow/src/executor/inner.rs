@@ -106,6 +106,15 @@ pub(crate) struct Table {
     pub(crate) reserved_id: u64,
 }
 
+/// How a procedure dealt with an operator's request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// Done, and durable (or nothing was left to do: it had ended).
+    Done,
+    /// It cannot do it; why.
+    Refused(String),
+}
+
 pub(crate) struct Entry {
     pub(crate) info: watch::Sender<ProcedureInfo>,
     /// Wakes the procedure's task: its event fired, or one of its children ended.
@@ -115,6 +124,11 @@ pub(crate) struct Entry {
     pub(crate) abort: Option<Error>,
     /// Callers of `wake` waiting until this procedure has persisted its wake-up.
     pub(crate) wake_acks: Vec<oneshot::Sender<()>>,
+    /// An operator's bypass to carry out at the next boundary or wait: who, and why.
+    pub(crate) bypass: Option<(String, String)>,
+    /// Operator requests (abort, bypass) waiting until this procedure has acted on them
+    /// durably, or refused them.
+    pub(crate) request_acks: Vec<oneshot::Sender<Settled>>,
     pub(crate) nonce: Option<String>,
     /// Wall-clock end, ms since the epoch, for retention.
     pub(crate) finished_ms: Option<u64>,

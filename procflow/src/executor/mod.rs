@@ -50,16 +50,19 @@ mod erased;
 mod error;
 mod hooks;
 mod inner;
-mod record;
+pub(crate) mod record;
+mod requests;
 mod runner;
-mod status;
+pub(crate) mod status;
 mod submit;
+mod view;
 mod wakes;
 
 pub use builder::ExecutorBuilder;
 pub use config::{Config, RetryPolicy};
 pub use error::{ExecutorError, SubmitError};
 pub use hooks::{KillHook, StoreWrite, WriteKind, WritePoint};
+pub use requests::Handled;
 pub use status::{Outcome, ProcedureInfo, Status, Unloadable};
 
 use crate::locks::Lock;
@@ -328,7 +331,9 @@ impl<E: Send + Sync + 'static> Executor<E> {
     /// running step is not cancelled.
     ///
     /// The request is not persisted: if the process dies before the procedure honours it,
-    /// ask again after the restart.
+    /// it is lost. [`request`](Self::request) with
+    /// [`Action::Abort`](crate::operator::Action::Abort) stores it first and returns once
+    /// the rollback is stored.
     ///
     /// # Errors
     ///

@@ -1,19 +1,27 @@
 //! The value the executor stores for each procedure: an envelope with what the runtime
-//! needs (what the procedure waits for, its nonce, its timestamps), followed by the
-//! procedure's snapshot ([`codec`](crate::codec)).
+//! and its operators need (what the procedure waits for, its nonce, its timestamps, its
+//! locks, its trouble, its recent history), followed by the procedure's snapshot
+//! ([`codec`](crate::codec)).
 //!
 //! ```text
 //! +-------------------------------+----------------------------------------+
 //! | Envelope (postcard)           | snapshot (codec: version, machine,     |
-//! | version, wait, nonce, times   | cursor, data), to the end              |
+//! | version, wait, nonce, times,  | cursor, data), to the end              |
+//! | locks, trouble, history, ...  |                                        |
 //! +-------------------------------+----------------------------------------+
 //! ```
+//!
+//! Everything in the envelope and the snapshot's header is readable without the
+//! machine's types: [`operator`](crate::operator) reads records of any machine, at rest.
 
 use crate::codec::CodecError;
+use crate::locks::{Hold, Lock, Locks};
+use crate::operator::history::{History, Mark, StepKind, StepOutcome};
 use serde::{Deserialize, Serialize};
 
-/// The version byte that starts every envelope.
-pub(crate) const ENVELOPE_VERSION: u8 = 1;
+/// The version byte that starts every envelope. Version 1 (no update time, locks,
+/// trouble, requests or history) is still read.
+pub(crate) const ENVELOPE_VERSION: u8 = 2;
 
 /// Metadata key holding the first procedure id not yet handed out (u64, little endian).
 pub(crate) const NEXT_ID_KEY: &str = "procflow/next_id";
@@ -44,6 +52,25 @@ pub(crate) struct Spawn {
     pub(crate) children: Vec<u64>,
 }
 
+/// The failures of the current step, as of the record's last write.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Trouble {
+    /// Failed tries of the current step.
+    pub(crate) attempts: u32,
+    /// The last one's error, displayed.
+    pub(crate) error: String,
+    /// Since when it is stuck past its point of no return (ms since the Unix epoch).
+    pub(crate) stuck_since_ms: Option<u64>,
+}
+
+/// An operator's bypass: the procedure ended without running its handlers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct BypassMark {
+    pub(crate) by: String,
+    pub(crate) reason: String,
+    pub(crate) at_ms: u64,
+}
+
 /// The runtime's part of a stored procedure.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Envelope {
@@ -58,24 +85,107 @@ pub(crate) struct Envelope {
     pub(crate) deadline_ms: Option<u64>,
     /// Children started and not yet undone, oldest first.
     pub(crate) spawns: Vec<Spawn>,
+    // Version 2 from here.
+    /// Wall-clock time of this write.
+    pub(crate) updated_ms: u64,
+    /// The locks it declared (so readers without its types know them) and how long it
+    /// holds them.
+    pub(crate) locks: Vec<Lock>,
+    pub(crate) hold: Hold,
+    /// Failures of the current step, if its last try failed.
+    pub(crate) trouble: Option<Trouble>,
+    /// Set when an operator bypassed it (it is then finished).
+    pub(crate) bypass: Option<BypassMark>,
+    pub(crate) history: History,
+}
+
+/// Envelope version 1, as stores written before version 2 hold it.
+#[derive(Deserialize)]
+struct EnvelopeV1 {
+    _version: u8,
+    wait: Wait,
+    nonce: Option<String>,
+    submitted_ms: u64,
+    finished_ms: Option<u64>,
+    deadline_ms: Option<u64>,
+    spawns: Vec<Spawn>,
+}
+
+impl From<EnvelopeV1> for Envelope {
+    fn from(v1: EnvelopeV1) -> Self {
+        Self {
+            wait: v1.wait,
+            nonce: v1.nonce,
+            submitted_ms: v1.submitted_ms,
+            finished_ms: v1.finished_ms,
+            deadline_ms: v1.deadline_ms,
+            spawns: v1.spawns,
+            updated_ms: v1.finished_ms.unwrap_or(v1.submitted_ms),
+            ..Self::new(None, None, &Locks::none())
+        }
+    }
 }
 
 impl Envelope {
-    pub(crate) fn new(nonce: Option<String>, deadline_ms: Option<u64>) -> Self {
+    pub(crate) fn new(nonce: Option<String>, deadline_ms: Option<u64>, locks: &Locks) -> Self {
+        let now = now_ms();
         Self {
             version: ENVELOPE_VERSION,
             wait: Wait::Ready,
             nonce,
-            submitted_ms: now_ms(),
+            submitted_ms: now,
             finished_ms: None,
             deadline_ms,
             spawns: Vec::new(),
+            updated_ms: now,
+            locks: locks.locks().to_vec(),
+            hold: locks.hold(),
+            trouble: None,
+            bypass: None,
+            history: History::default(),
         }
     }
 
-    /// Writes the envelope and appends the snapshot bytes `encode_snapshot` produces into
-    /// the same buffer.
+    /// Appends an entry to the history, keeping the newest `keep`.
+    pub(crate) fn note(&mut self, state: &str, kind: StepKind, outcome: StepOutcome, keep: usize) {
+        let mark = Mark {
+            state: state.to_owned(),
+            kind,
+            after_ms: now_ms().saturating_sub(self.submitted_ms),
+            outcome,
+        };
+        self.history.push(mark, keep);
+    }
+
+    /// Marks the procedure bypassed and finished, without running anything.
+    pub(crate) fn bypass(&mut self, state: &str, by: &str, reason: &str, keep: usize) {
+        let now = now_ms();
+        let outcome = StepOutcome::Bypassed {
+            by: by.to_owned(),
+            reason: reason.to_owned(),
+        };
+        self.note(state, StepKind::Control, outcome, keep);
+        self.bypass = Some(BypassMark {
+            by: by.to_owned(),
+            reason: reason.to_owned(),
+            at_ms: now,
+        });
+        self.finished_ms = Some(now);
+        self.wait = Wait::Ready;
+    }
+
+    /// Writes the envelope, stamped with the time of this write, and appends the snapshot
+    /// bytes `encode_snapshot` produces into the same buffer.
     pub(crate) fn encode(
+        &mut self,
+        encode_snapshot: impl FnOnce(Vec<u8>) -> Result<Vec<u8>, CodecError>,
+    ) -> Result<Vec<u8>, CodecError> {
+        self.updated_ms = now_ms();
+        self.encode_as_is(encode_snapshot)
+    }
+
+    /// [`encode`](Self::encode) without touching the update time.
+    pub(crate) fn encode_as_is(
         &self,
         encode_snapshot: impl FnOnce(Vec<u8>) -> Result<Vec<u8>, CodecError>,
     ) -> Result<Vec<u8>, CodecError> {
@@ -90,15 +200,19 @@ impl Envelope {
 
     /// Splits a stored value into its envelope and snapshot.
     pub(crate) fn decode(bytes: &[u8]) -> Result<(Self, &[u8]), String> {
-        let (envelope, snapshot) = postcard::take_from_bytes::<Self>(bytes)
-            .map_err(|e| format!("unreadable envelope: {e}"))?;
-        if envelope.version != ENVELOPE_VERSION {
-            return Err(format!(
-                "envelope version {} is not supported (this procflow reads {ENVELOPE_VERSION})",
-                envelope.version
-            ));
+        let unreadable = |e: postcard::Error| format!("unreadable envelope: {e}");
+        match bytes.first() {
+            Some(1) => {
+                let (v1, snapshot) =
+                    postcard::take_from_bytes::<EnvelopeV1>(bytes).map_err(unreadable)?;
+                Ok((v1.into(), snapshot))
+            }
+            Some(&ENVELOPE_VERSION) => postcard::take_from_bytes::<Self>(bytes).map_err(unreadable),
+            Some(version) => Err(format!(
+                "envelope version {version} is not supported (this procflow reads 1 to {ENVELOPE_VERSION})"
+            )),
+            None => Err("empty record".to_owned()),
         }
-        Ok((envelope, snapshot))
     }
 }
 
@@ -115,7 +229,9 @@ mod tests {
 
     #[test]
     fn envelope_round_trips_and_leaves_the_snapshot() {
-        let mut envelope = Envelope::new(Some("req-1".into()), Some(5));
+        let locks = Locks::new([Lock::exclusive("ns/t1").unwrap()]);
+        let mut envelope = Envelope::new(Some("req-1".into()), Some(5), &locks);
+        envelope.note("Prepare", StepKind::Execute, StepOutcome::Moved, 8);
         envelope.wait = Wait::Event {
             name: "region-open".into(),
             until_ms: Some(9),
@@ -130,5 +246,29 @@ mod tests {
         assert_eq!(back, envelope);
         assert_eq!(rest, b"snapshot");
         assert!(Envelope::decode(&bytes[..3]).is_err());
+    }
+
+    #[test]
+    fn version_1_envelopes_are_still_read() {
+        // Version 1's fields, as a release before version 2 wrote them.
+        let v1 = (
+            1u8,
+            Wait::Ready,
+            Some("n"),
+            1_000u64,
+            Some(2_000u64),
+            None::<u64>,
+        );
+        let mut bytes = postcard::to_stdvec(&v1).unwrap();
+        bytes.push(0); // no spawns
+        bytes.extend_from_slice(b"snapshot");
+        let (envelope, rest) = Envelope::decode(&bytes).unwrap();
+        assert_eq!(envelope.version, ENVELOPE_VERSION);
+        assert_eq!(envelope.nonce.as_deref(), Some("n"));
+        assert_eq!(envelope.finished_ms, Some(2_000));
+        assert_eq!(envelope.updated_ms, 2_000);
+        assert!(envelope.history.marks.is_empty());
+        assert_eq!(rest, b"snapshot");
+        assert!(Envelope::decode(&[3, 0]).unwrap_err().contains("version 3"));
     }
 }

@@ -1,6 +1,7 @@
 //! What the executor reports about a procedure.
 
-use crate::{Error, ProcedureId};
+use super::record::{Envelope, Wait};
+use crate::{Error, Phase, ProcedureId};
 use std::time::SystemTime;
 
 /// Where a procedure is in its life.
@@ -39,13 +40,67 @@ pub enum Status {
     RolledBack,
     /// Failed and could not (or was not allowed to) roll back fully.
     Failed,
+    /// Ended by an operator's bypass, without running its remaining handlers (see
+    /// [`Executor::bypass`](super::Executor::bypass)).
+    Bypassed,
 }
 
 impl Status {
     /// Whether the procedure has ended.
     #[must_use]
     pub fn is_finished(&self) -> bool {
-        matches!(self, Self::Succeeded | Self::RolledBack | Self::Failed)
+        matches!(
+            self,
+            Self::Succeeded | Self::RolledBack | Self::Failed | Self::Bypassed
+        )
+    }
+
+    /// A short lowercase name: `runnable`, `suspended`, `stuck`, `succeeded`… (what the
+    /// CLI's `--status` filter and the admin page use).
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Runnable => "runnable",
+            Self::WaitingChildren => "waiting-children",
+            Self::WaitingForLock => "waiting-lock",
+            Self::Suspended { .. } => "suspended",
+            Self::Stuck { .. } => "stuck",
+            Self::RollingBack => "rolling-back",
+            Self::Succeeded => "succeeded",
+            Self::RolledBack => "rolled-back",
+            Self::Failed => "failed",
+            Self::Bypassed => "bypassed",
+        }
+    }
+}
+
+/// A stored procedure's status, and its failure if it has one, from its phase and
+/// envelope. The end is reported once it is recorded (`finished_ms` is set by the
+/// `Finish` write): until then a procedure whose last step ended it is still finishing.
+/// A stuck procedure is reported stuck only by the stored mark (the live executor knows
+/// better).
+pub(crate) fn status_of<'a>(phase: &'a Phase, envelope: &Envelope) -> (Status, Option<&'a Error>) {
+    let ended = envelope.finished_ms.is_some();
+    if envelope.bypass.is_some() {
+        return (Status::Bypassed, None);
+    }
+    match (phase, &envelope.wait) {
+        (_, Wait::Children(_)) if !ended => (Status::WaitingChildren, None),
+        (_, Wait::Event { name, .. }) if !ended => (
+            Status::Suspended {
+                event: name.clone(),
+            },
+            None,
+        ),
+        (Phase::Running, _) => (Status::Runnable, None),
+        (Phase::RollingBack { cause }, _) => (Status::RollingBack, Some(cause)),
+        (Phase::Succeeded, _) if !ended => (Status::Runnable, None),
+        (Phase::RolledBack { cause } | Phase::Failed { cause }, _) if !ended => {
+            (Status::RollingBack, Some(cause))
+        }
+        (Phase::Succeeded, _) => (Status::Succeeded, None),
+        (Phase::RolledBack { cause }, _) => (Status::RolledBack, Some(cause)),
+        (Phase::Failed { cause }, _) => (Status::Failed, Some(cause)),
     }
 }
 
@@ -83,6 +138,7 @@ impl ProcedureInfo {
             Status::Succeeded => Some(Outcome::Succeeded),
             Status::RolledBack => Some(Outcome::RolledBack(error())),
             Status::Failed => Some(Outcome::Failed(error())),
+            Status::Bypassed => Some(Outcome::Bypassed),
             _ => None,
         }
     }
@@ -98,6 +154,9 @@ pub enum Outcome {
     /// It failed with this error and was not rolled back fully (past a point of no return,
     /// or a rollback step kept failing).
     Failed(Error),
+    /// An operator bypassed it: it ended without running its remaining handlers, and
+    /// nothing was undone.
+    Bypassed,
 }
 
 /// A stored procedure the executor could not load: its machine is not registered, or its

@@ -40,7 +40,8 @@ where
     let deadline_ms = options
         .timeout
         .map(|t| now_ms().saturating_add(u64::try_from(t.as_millis()).unwrap_or(u64::MAX)));
-    let envelope = Envelope::new(options.nonce.clone(), deadline_ms);
+    let locks = M::locks(&instance.procedure).unwrap_or_default();
+    let mut envelope = Envelope::new(options.nonce.clone(), deadline_ms, &locks);
     let value = envelope
         .encode(|out| crate::codec::encode_into(&instance.procedure, &instance.cursor, out))?;
     let claim = match &options.nonce {

@@ -1,6 +1,8 @@
 //! Test machines and stores shared by the executor tests.
 #![allow(dead_code)] // Each test file uses a different part.
 
+pub mod ops;
+
 use procflow::executor::{Config, Executor, ExecutorBuilder, RetryPolicy};
 use procflow::prelude::*;
 use procflow_store::{

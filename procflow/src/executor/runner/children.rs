@@ -39,27 +39,27 @@ impl<E: Send + Sync + 'static> Runner<E> {
         let mut batch = Batch::new();
         batch.ops.extend(reservation.as_ref().map(Reservation::op));
         let mut batch = batch.put(self.id, self.parent, self.encode().await?);
-        let child_envelope = Envelope::new(None, None);
         let mut launches = Vec::with_capacity(children.len());
         for (child, id) in children.iter().zip(&ids) {
-            let value = child_envelope
+            let procedure = self
+                .inner
+                .registry
+                .load(child.snapshot())
+                .map_err(|_| Exit)?;
+            let mut envelope = Envelope::new(None, None, &procedure.locks().unwrap_or_default());
+            let value = envelope
                 .encode(|mut out| {
                     out.extend_from_slice(child.snapshot());
                     Ok(out)
                 })
                 .map_err(|_| Exit)?;
             batch = batch.put(*id, Some(self.id), value);
-            let procedure = self
-                .inner
-                .registry
-                .load(child.snapshot())
-                .map_err(|_| Exit)?;
             launches.push(Launch {
                 id: *id,
                 parent: Some(self.id),
                 ancestors: self.lineage(),
                 procedure,
-                envelope: child_envelope.clone(),
+                envelope,
                 acted: false,
                 holding: false,
             });
@@ -117,6 +117,9 @@ impl<E: Send + Sync + 'static> Runner<E> {
         };
         let ids = ids.clone();
         self.publish();
+        if self.bypass_requested() {
+            return Ok(()); // The next turn bypasses it; its children go on.
+        }
         if self.undoing() {
             return self.await_children_undone(&ids).await;
         }
@@ -317,7 +320,8 @@ fn verdict(table: &Table, ids: &[u64]) -> Verdict {
         };
         let info = entry.info.borrow();
         match info.status {
-            Status::Succeeded => {}
+            // A bypassed child lets its parent go on (HBCK2's bypass).
+            Status::Succeeded | Status::Bypassed => {}
             Status::RolledBack | Status::Failed => {
                 let error = info.error.clone();
                 verdict.failure.get_or_insert_with(|| {

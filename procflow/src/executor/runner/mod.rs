@@ -11,11 +11,12 @@ mod waits;
 use super::erased::{DynProcedure, DynProgress};
 use super::error::ExecutorError;
 use super::hooks::WriteKind;
-use super::inner::{Entry, Inner};
-use super::record::{Envelope, Wait, now_ms};
-use super::status::{ProcedureInfo, Status};
+use super::inner::{Entry, Inner, Settled};
+use super::record::{Envelope, Trouble, Wait, now_ms};
+use super::status::{ProcedureInfo, Status, status_of};
 use super::wakes::StepStart;
 use crate::locks::{Hold, Locks};
+use crate::operator::history::{StepKind, StepOutcome};
 use crate::{Context, Error, Phase, ProcedureId};
 use futures_util::FutureExt;
 use procflow_store::Batch;
@@ -84,6 +85,13 @@ fn task<E: Send + Sync + 'static>(
         id = launch.id,
         machine = launch.procedure.machine()
     );
+    // A procedure stored stuck goes on counting its tries, and is reported stuck.
+    let trouble = launch.envelope.trouble.as_ref();
+    let attempts = trouble.map_or(0, |t| t.attempts);
+    let last_error = trouble.map(|t| Error::fatal(t.error.clone()));
+    let stuck_since = trouble
+        .and_then(|t| t.stuck_since_ms)
+        .map(crate::operator::history::time_of);
     let runner = Runner {
         ctx: Context::new(ProcedureId::new(launch.id), Arc::clone(&inner.env))
             .with_fencing_token(inner.fencing_token),
@@ -96,10 +104,11 @@ fn task<E: Send + Sync + 'static>(
         procedure: launch.procedure,
         envelope: launch.envelope,
         wake,
-        attempts: 0,
-        last_error: None,
+        attempts,
+        last_error,
+        ran: ("", StepKind::Execute),
         acted: launch.acted,
-        stuck_since: None,
+        stuck_since,
         stopping_children: None,
         refused: None,
         refusing: false,
@@ -137,6 +146,8 @@ fn insert_entry_locked<E>(
         wake: Arc::new(Notify::new()),
         abort: None,
         wake_acks: Vec::new(),
+        bypass: None,
+        request_acks: Vec::new(),
         nonce: launch.envelope.nonce.clone(),
         finished_ms: launch.envelope.finished_ms,
     });
@@ -151,27 +162,7 @@ pub(crate) fn describe<E>(
     envelope: &Envelope,
     last_error: Option<&Error>,
 ) -> ProcedureInfo {
-    // The end is reported once it is recorded (`finished_ms` is set by the `Finish`
-    // write): until then a procedure whose last step ended it is still finishing.
-    let ended = envelope.finished_ms.is_some();
-    let (status, cause) = match (procedure.phase(), &envelope.wait) {
-        (_, Wait::Children(_)) if !ended => (Status::WaitingChildren, None),
-        (_, Wait::Event { name, .. }) if !ended => (
-            Status::Suspended {
-                event: name.clone(),
-            },
-            None,
-        ),
-        (Phase::Running, _) => (Status::Runnable, None),
-        (Phase::RollingBack { cause }, _) => (Status::RollingBack, Some(cause)),
-        (Phase::Succeeded, _) if !ended => (Status::Runnable, None),
-        (Phase::RolledBack { cause } | Phase::Failed { cause }, _) if !ended => {
-            (Status::RollingBack, Some(cause))
-        }
-        (Phase::Succeeded, _) => (Status::Succeeded, None),
-        (Phase::RolledBack { cause }, _) => (Status::RolledBack, Some(cause)),
-        (Phase::Failed { cause }, _) => (Status::Failed, Some(cause)),
-    };
+    let (status, cause) = status_of(procedure.phase(), envelope);
     ProcedureInfo {
         id: ProcedureId::new(id),
         parent: parent.map(ProcedureId::new),
@@ -198,6 +189,8 @@ struct Runner<E> {
     wake: Arc<Notify>,
     /// Failures of the current step in a row.
     attempts: u32,
+    /// The state whose handler ran last, and which handler (for its history entry).
+    ran: (&'static str, StepKind),
     /// The last error of a step being retried, for observers.
     last_error: Option<Error>,
     /// Whether the current state's handler ran since the procedure entered it, so it may
@@ -247,6 +240,9 @@ impl<E: Send + Sync + 'static> Runner<E> {
         if let Some(error) = self.refused.take() {
             return Box::pin(self.fail_refused(error)).await;
         }
+        if self.bypass_requested() {
+            return Box::pin(self.bypass_now()).await;
+        }
         // Waits first: a step that spawned children has already moved to the state after
         // them, which may be terminal; the procedure ends only once they have.
         match &self.envelope.wait {
@@ -295,6 +291,19 @@ impl<E: Send + Sync + 'static> Runner<E> {
     }
 
     async fn after_step(&mut self, progress: DynProgress) -> Result<(), Exit> {
+        let outcome = match &progress {
+            DynProgress::Moved => Some(StepOutcome::Moved),
+            DynProgress::Spawned(children) => Some(StepOutcome::Spawned(
+                u32::try_from(children.len()).unwrap_or(u32::MAX),
+            )),
+            DynProgress::Suspended { event, .. } => Some(StepOutcome::Suspended(event.clone())),
+            DynProgress::RolledBack => Some(StepOutcome::Undone),
+            DynProgress::Yielded | DynProgress::Failed(_) | DynProgress::Finished => None,
+        };
+        if let Some(outcome) = outcome {
+            let (state, kind) = self.ran;
+            self.note(state, kind, outcome);
+        }
         match progress {
             DynProgress::Moved => {
                 self.succeeded();
@@ -341,6 +350,21 @@ impl<E: Send + Sync + 'static> Runner<E> {
         self.attempts = 0;
         self.last_error = None;
         self.stuck_since = None;
+        self.envelope.trouble = None;
+    }
+
+    /// Appends an entry to the stored history (written with the next write).
+    fn note(&mut self, state: &str, kind: StepKind, outcome: StepOutcome) {
+        let keep = self.inner.config.history;
+        self.envelope.note(state, kind, outcome, keep);
+    }
+
+    /// Which handler runs now: the rollback handler while rolling back.
+    fn kind(&self) -> StepKind {
+        match self.procedure.phase() {
+            Phase::RollingBack { .. } => StepKind::Rollback,
+            _ => StepKind::Execute,
+        }
     }
 
     /// Runs the current step on a worker, catching panics. `None`: the procedure's deadline
@@ -352,8 +376,15 @@ impl<E: Send + Sync + 'static> Runner<E> {
             permit = self.inner.workers.acquire() => permit.map_err(|_| Exit)?,
             () = self.inner.stopping() => return Err(Exit),
         };
+        // A wait that ended as the executor began to stop (a lock released by a task that
+        // exited, a worker freed) must not start a step: `select!` picks among ready
+        // branches at random, so the stop may have lost the race.
+        if !self.inner.is_running() {
+            return Err(Exit);
+        }
         let state = self.procedure.state();
         let machine = self.procedure.machine();
+        self.ran = (state, self.kind());
         let started = Instant::now();
         let start = self.inner.wake_log.begin_step();
         // From here on the state may have acted, whatever the step returns.
@@ -407,22 +438,28 @@ impl<E: Send + Sync + 'static> Runner<E> {
 
     async fn on_failure(&mut self, error: Error) -> Result<(), Exit> {
         self.attempts += 1;
+        let (state, kind) = (self.procedure.state(), self.kind());
         let config = &self.inner.config;
         if let Phase::RollingBack { cause } = self.procedure.phase() {
             if self.attempts >= config.rollback_retry.max_attempts {
                 tracing::error!(%error, "rollback step keeps failing; giving up");
                 let cause = cause.clone();
+                self.note(state, kind, StepOutcome::Failed(error.to_string()));
                 self.procedure.fail(cause);
                 self.attempts = 0;
+                self.envelope.trouble = None;
                 return Ok(());
             }
             let delay = config.rollback_retry.delay(self.attempts);
+            self.note(state, kind, StepOutcome::Retried(error.to_string()));
             return self.retry_later(error, delay).await;
         }
         let spent = self.attempts >= config.retry.max_attempts;
         let delay = config.retry.delay(self.attempts);
+        let shown = error.to_string();
         match self.procedure.fail_forward(error, spent) {
             Ok(()) => {
+                self.note(state, kind, StepOutcome::Failed(shown));
                 tracing::info!(cause = ?self.procedure.phase(), "rolling back");
                 self.succeeded();
                 if self.procedure.phase().is_finished() {
@@ -431,9 +468,11 @@ impl<E: Send + Sync + 'static> Runner<E> {
                 self.persist(WriteKind::Rollback).await
             }
             Err(error) => {
-                if !error.is_retryable() || spent {
+                self.note(state, kind, StepOutcome::Retried(shown));
+                if (!error.is_retryable() || spent) && self.become_stuck(&error) {
                     // Only past a point of no return does a fatal error come back here.
-                    self.become_stuck(&error);
+                    // Stored, so that operators see it stuck from outside the process.
+                    self.persist(WriteKind::Step).await?;
                 }
                 self.retry_later(error, delay).await
             }
@@ -442,14 +481,23 @@ impl<E: Send + Sync + 'static> Runner<E> {
 
     /// The step failed for good and the procedure cannot roll back (past a point of no
     /// return, or its rollback cannot be stored): it is retried (capped backoff) and
-    /// reported [`Status::Stuck`] until it succeeds or an operator acts.
-    fn become_stuck(&mut self, error: &Error) {
-        if self.stuck_since.is_none() {
-            self.stuck_since = Some(SystemTime::now());
-            tracing::error!(%error, state = self.procedure.state(), "procedure stuck past its point of no return; retrying");
-            metrics::counter!("procflow_stuck_total", "machine" => self.procedure.machine())
-                .increment(1);
+    /// reported [`Status::Stuck`] until it succeeds or an operator acts. Returns whether
+    /// it became stuck just now.
+    fn become_stuck(&mut self, error: &Error) -> bool {
+        if self.stuck_since.is_some() {
+            return false;
         }
+        let since = SystemTime::now();
+        self.stuck_since = Some(since);
+        self.envelope.trouble = Some(Trouble {
+            attempts: self.attempts,
+            error: error.to_string(),
+            stuck_since_ms: Some(now_ms()),
+        });
+        tracing::error!(%error, state = self.procedure.state(), "procedure stuck past its point of no return; retrying");
+        metrics::counter!("procflow_stuck_total", "machine" => self.procedure.machine())
+            .increment(1);
+        true
     }
 
     /// The store refused a write: the procedure is back at its last stored step. Its
@@ -462,6 +510,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
     async fn fail_refused(&mut self, error: Error) -> Result<(), Exit> {
         if std::mem::take(&mut self.refusing) {
             self.attempts += 1;
+            // Not stored: the store refuses this procedure's writes.
             self.become_stuck(&error);
             let delay = self.inner.config.retry.delay(self.attempts);
             return self.retry_later(error, delay).await;
@@ -479,6 +528,11 @@ impl<E: Send + Sync + 'static> Runner<E> {
     async fn finish(&mut self) -> Result<(), Exit> {
         self.envelope.finished_ms = Some(now_ms());
         self.envelope.wait = Wait::Ready;
+        self.envelope.trouble = None;
+        if self.envelope.bypass.is_none() {
+            let state = self.procedure.state();
+            self.note(state, StepKind::Control, StepOutcome::Ended);
+        }
         let value = self.encode().await?;
         self.commit(WriteKind::Finish, Batch::new().finish(self.id, value))
             .await?;
@@ -487,6 +541,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
         let counter = match info.status {
             Status::Succeeded => "procflow_succeeded_total",
             Status::RolledBack => "procflow_rolled_back_total",
+            Status::Bypassed => "procflow_bypassed_total",
             _ => "procflow_failed_total",
         };
         metrics::counter!(counter, "machine" => info.machine).increment(1);
@@ -504,6 +559,9 @@ impl<E: Send + Sync + 'static> Runner<E> {
         if let Some(parent) = self.parent.and_then(|parent| table.procs.get(&parent)) {
             parent.wake.notify_one();
         }
+        drop(table);
+        // An abort that arrived too late, or the bypass that ended it: settled.
+        self.settle_requests(&Settled::Done);
         Ok(())
     }
 

@@ -8,8 +8,10 @@
 
 use super::{Exit, Runner};
 use crate::executor::hooks::WriteKind;
+use crate::executor::inner::Settled;
 use crate::executor::record::{Wait, now_ms};
 use crate::executor::status::{ProcedureInfo, Status};
+use crate::operator::history::{StepKind, StepOutcome};
 use crate::{Error, Phase};
 use std::future::Future;
 use std::sync::Arc;
@@ -31,9 +33,11 @@ impl<E: Send + Sync + 'static> Runner<E> {
 
     /// Why the procedure must stop now, if it must: an abort was asked for, or its
     /// deadline passed.
+    /// An operator's bypass interrupts it too, wherever it is, past a point of no return
+    /// as well ([`interrupt`](Self::interrupt) then bypasses instead of rolling back).
     pub(super) fn interruption(&self) -> Option<Error> {
-        if !self.may_roll_back() {
-            return None;
+        if self.bypass_requested() {
+            return Some(Error::fatal("bypassed by an operator"));
         }
         let aborted = self
             .inner
@@ -41,6 +45,15 @@ impl<E: Send + Sync + 'static> Runner<E> {
             .procs
             .get(&self.id)
             .and_then(|entry| entry.abort.clone());
+        if !self.may_roll_back() {
+            if aborted.is_some() && self.procedure.past_point_of_no_return() {
+                self.settle_requests(&Settled::Refused(
+                    "it is past its point of no return: it cannot roll back (bypass it instead)"
+                        .to_owned(),
+                ));
+            }
+            return None;
+        }
         aborted.or_else(|| {
             self.envelope
                 .deadline_ms
@@ -51,11 +64,63 @@ impl<E: Send + Sync + 'static> Runner<E> {
 
     /// Starts the rollback after an interruption and persists it.
     pub(super) async fn interrupt(&mut self, cause: Error) -> Result<(), Exit> {
-        tracing::info!(%cause, state = self.procedure.state(), "interrupted; rolling back");
+        if self.bypass_requested() {
+            return self.bypass_now().await;
+        }
+        let state = self.procedure.state();
+        tracing::info!(%cause, state, "interrupted; rolling back");
+        self.note(
+            state,
+            StepKind::Control,
+            StepOutcome::Interrupted(cause.to_string()),
+        );
         self.procedure.interrupt(cause, self.acted);
         self.envelope.wait = Wait::Ready;
         self.succeeded();
-        self.persist(WriteKind::Rollback).await
+        self.persist(WriteKind::Rollback).await?;
+        self.settle_requests(&Settled::Done);
+        Ok(())
+    }
+
+    /// Whether an operator asked to bypass it.
+    pub(super) fn bypass_requested(&self) -> bool {
+        let table = self.inner.table();
+        table
+            .procs
+            .get(&self.id)
+            .is_some_and(|e| e.bypass.is_some())
+    }
+
+    /// Ends the procedure as bypassed, without running a handler: records who and why,
+    /// writes the end, gives its locks back. Its children are not touched.
+    pub(super) async fn bypass_now(&mut self) -> Result<(), Exit> {
+        let asked = self
+            .inner
+            .table()
+            .procs
+            .get_mut(&self.id)
+            .and_then(|entry| entry.bypass.take());
+        let Some((by, reason)) = asked else {
+            return Ok(());
+        };
+        tracing::warn!(%by, %reason, state = self.procedure.state(), "bypassed by an operator");
+        let state = self.procedure.state();
+        let keep = self.inner.config.history;
+        self.envelope.bypass(state, &by, &reason, keep);
+        self.succeeded();
+        self.finish().await?;
+        Err(Exit)
+    }
+
+    /// Tells the operators' requests waiting on this procedure how they ended.
+    pub(super) fn settle_requests(&self, settled: &Settled) {
+        let acks = match self.inner.table().procs.get_mut(&self.id) {
+            Some(entry) => std::mem::take(&mut entry.request_acks),
+            None => return,
+        };
+        for ack in acks {
+            let _ = ack.send(settled.clone()); // A caller that stopped waiting does not mind.
+        }
     }
 
     /// Resolves when the deadline passes, if the procedure has one that still applies.

@@ -1,0 +1,200 @@
+//! The readable record of one procedure, decoded from its stored bytes without the
+//! machine's types.
+
+use super::history::HistoryEntry;
+use super::history::time_of;
+use super::ser;
+use crate::codec;
+use crate::executor::Status;
+use crate::executor::record::{Envelope, Wait};
+use crate::executor::status::status_of;
+use crate::locks::{Hold, Lock};
+use crate::{Error, ProcedureId};
+use procflow_store::Record;
+use serde::Serialize;
+use std::time::SystemTime;
+
+/// What a procedure waits for before its next step.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Waiting {
+    /// Nothing it declared (it may still wait for a worker, a slot, a lock or a retry).
+    Nothing,
+    /// These children to end.
+    Children(Vec<ProcedureId>),
+    /// A wake of `event`, or the time `until`.
+    Event {
+        /// The event's name.
+        event: String,
+        /// When it gives up waiting, if it has a timeout.
+        #[serde(serialize_with = "ser::opt_ms", rename = "until_ms")]
+        until: Option<SystemTime>,
+    },
+}
+
+/// An operator's bypass (see [`Executor::bypass`](crate::executor::Executor::bypass)).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Bypass {
+    /// Who asked.
+    pub by: String,
+    /// Why.
+    pub reason: String,
+    /// When.
+    #[serde(serialize_with = "ser::ms", rename = "at_ms")]
+    pub at: SystemTime,
+}
+
+/// Everything the store says about one procedure.
+///
+/// It serializes (the CLI's `--json`) with times as milliseconds since the Unix epoch
+/// (fields renamed `*_ms`), the status as `{"name": .., ..details}` and errors as their
+/// messages.
+///
+/// Read at rest ([`Catalog`](super::Catalog)) it is as of the procedure's last write:
+/// `attempts` and `last_error` are those of a stuck procedure (stored when it becomes
+/// stuck), not of every retry, and `status` cannot be
+/// [`WaitingForLock`](Status::WaitingForLock). Read from a running executor
+/// ([`Executor::record`](crate::executor::Executor::record)) the status, attempts and
+/// locks are the live ones.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct ProcedureRecord {
+    /// Its id.
+    pub id: ProcedureId,
+    /// Its machine's stable name.
+    pub machine: String,
+    /// The procedure that spawned it.
+    pub parent: Option<ProcedureId>,
+    /// The procedures it spawned that the store still holds, by id.
+    pub children: Vec<ProcedureId>,
+    /// The submit's nonce, if it had one.
+    pub nonce: Option<String>,
+    /// Its status.
+    #[serde(serialize_with = "ser::status")]
+    pub status: Status,
+    /// The current state (the next to run, or the last one once ended).
+    pub state: String,
+    /// Steps completed, forward and rollback.
+    pub steps: u64,
+    /// Failed tries of the current step.
+    pub attempts: u32,
+    /// The last failure of the current step.
+    pub last_error: Option<String>,
+    /// The failure that made it roll back (or fail).
+    #[serde(serialize_with = "ser::opt_error")]
+    pub cause: Option<Error>,
+    /// What it waits for.
+    pub waiting: Waiting,
+    /// When it was submitted.
+    #[serde(serialize_with = "ser::ms", rename = "submitted_ms")]
+    pub submitted: SystemTime,
+    /// When its record was last written.
+    #[serde(serialize_with = "ser::ms", rename = "updated_ms")]
+    pub updated: SystemTime,
+    /// When it ended.
+    #[serde(serialize_with = "ser::opt_ms", rename = "finished_ms")]
+    pub finished: Option<SystemTime>,
+    /// When it fails if it has not ended (its timeout).
+    #[serde(serialize_with = "ser::opt_ms", rename = "deadline_ms")]
+    pub deadline: Option<SystemTime>,
+    /// The locks it declared.
+    pub locks: Vec<Lock>,
+    /// How long it holds them.
+    pub hold: Hold,
+    /// Whether it holds its locks now. At rest: whether it will hold them again first
+    /// thing after a restart (it holds them for life and has started).
+    pub holds_locks: bool,
+    /// Whether it waits for its locks (live only).
+    pub waits_for_locks: bool,
+    /// The states it entered, in the order it first entered them.
+    pub visited: Vec<String>,
+    /// The completed states on its rollback stack, oldest first.
+    pub completed: Vec<String>,
+    /// The newest entries of its step history, oldest first.
+    pub history: Vec<HistoryEntry>,
+    /// How many older entries were dropped ([`Config::history`](crate::executor::Config)).
+    pub history_dropped: u64,
+    /// An operator's abort stored and not yet carried out: who asked, and why (from the
+    /// store's requests; `None` from [`ProcedureRecord::from_record`] alone).
+    pub abort_requested: Option<String>,
+    /// Set once an operator bypassed it.
+    pub bypass: Option<Bypass>,
+}
+
+impl ProcedureRecord {
+    /// Decodes a stored record.
+    ///
+    /// # Errors
+    ///
+    /// Why the bytes cannot be read (a damaged record, or one written by a newer
+    /// procflow).
+    pub fn from_record(record: &Record) -> Result<Self, String> {
+        let (envelope, snapshot) = Envelope::decode(&record.value)?;
+        let machine = codec::machine_name(snapshot).map_err(|e| e.to_string())?;
+        let (cursor, _) = codec::read_cursor(snapshot, &machine).map_err(|e| e.to_string())?;
+        let (mut status, cause) = status_of(&cursor.phase, &envelope);
+        let trouble = envelope.trouble.as_ref();
+        if let Some((trouble, since)) = trouble.and_then(|t| Some((t, t.stuck_since_ms?))) {
+            if !status.is_finished() {
+                status = Status::Stuck {
+                    error: Error::fatal(trouble.error.clone()),
+                    since: time_of(since),
+                    attempts: trouble.attempts,
+                };
+            }
+        }
+        let started = cursor.steps > 0
+            || envelope.wait != Wait::Ready
+            || !matches!(cursor.phase, crate::Phase::Running);
+        let holds_locks = started
+            && envelope.hold == Hold::ForLife
+            && !envelope.locks.is_empty()
+            && !status.is_finished();
+        Ok(Self {
+            id: ProcedureId::new(record.id),
+            machine: machine.into_owned(),
+            parent: record.parent.map(ProcedureId::new),
+            children: Vec::new(),
+            nonce: envelope.nonce.clone(),
+            state: cursor.state.clone().into_owned(),
+            steps: cursor.steps,
+            attempts: trouble.map_or(0, |t| t.attempts),
+            last_error: trouble.map(|t| t.error.clone()),
+            cause: cause.cloned(),
+            status,
+            waiting: waiting(&envelope.wait),
+            submitted: time_of(envelope.submitted_ms),
+            updated: time_of(envelope.updated_ms),
+            finished: envelope.finished_ms.map(time_of),
+            deadline: envelope.deadline_ms.map(time_of),
+            locks: envelope.locks.clone(),
+            hold: envelope.hold,
+            holds_locks,
+            waits_for_locks: false,
+            visited: cursor.entries.iter().map(|(s, _)| s.to_string()).collect(),
+            completed: cursor.completed.iter().map(ToString::to_string).collect(),
+            history: envelope.history.entries(envelope.submitted_ms),
+            history_dropped: envelope.history.dropped,
+            abort_requested: None,
+            bypass: envelope.bypass.as_ref().map(|b| Bypass {
+                by: b.by.clone(),
+                reason: b.reason.clone(),
+                at: time_of(b.at_ms),
+            }),
+        })
+    }
+}
+
+fn waiting(wait: &Wait) -> Waiting {
+    match wait {
+        Wait::Ready => Waiting::Nothing,
+        Wait::Children(ids) => {
+            Waiting::Children(ids.iter().copied().map(ProcedureId::new).collect())
+        }
+        Wait::Event { name, until_ms } => Waiting::Event {
+            event: name.clone(),
+            until: until_ms.map(time_of),
+        },
+    }
+}

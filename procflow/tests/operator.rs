@@ -1,0 +1,282 @@
+//! Operators' view and requests: readable records, durable abort / wake / bypass.
+
+mod common;
+
+use common::ops::{Job, JobState, Log};
+use procflow::ProcedureId;
+use procflow::executor::{
+    Config, Executor, ExecutorError, Handled, Outcome, RetryPolicy, Status, WriteKind, WritePoint,
+};
+use procflow::operator::{Action, Catalog, Request, StepKind, StepOutcome};
+use procflow::store::{Store, WalConfig, WalStore};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn config() -> Config {
+    Config {
+        retry: RetryPolicy {
+            initial: Duration::from_millis(5),
+            max_delay: Duration::from_millis(20),
+            max_attempts: 2,
+            ..RetryPolicy::default()
+        },
+        ..Config::default()
+    }
+}
+
+async fn start(store: &Arc<WalStore>, log: &Log) -> Executor<Log> {
+    Executor::builder_shared(store.clone(), Arc::new(log.clone()))
+        .register::<JobState>()
+        .config(config())
+        .start()
+        .await
+        .unwrap()
+}
+
+/// Waits until `id`'s status satisfies `done`.
+async fn until(executor: &Executor<Log>, id: ProcedureId, done: impl Fn(&Status) -> bool) {
+    for _ in 0..2000 {
+        if executor.state(id).is_some_and(|info| done(&info.status)) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("#{id} never got there: {:?}", executor.state(id));
+}
+
+fn suspended(status: &Status) -> bool {
+    matches!(status, Status::Suspended { .. })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abort_request_survives_a_kill_before_it_is_acted_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::default();
+    let store = Arc::new(WalStore::open(dir.path(), WalConfig::default()).unwrap());
+    // Dies right before the rollback's first write: the request is stored, not acted on.
+    let executor = Executor::builder_shared(store.clone(), Arc::new(log.clone()))
+        .register::<JobState>()
+        .kill_hook(|w: &procflow::executor::StoreWrite| {
+            w.kind == WriteKind::Rollback && w.point == WritePoint::Before
+        })
+        .start()
+        .await
+        .unwrap();
+    let id = executor.submit(Job::new("a")).await.unwrap();
+    until(&executor, id, suspended).await;
+    let abort = Request::new(Action::Abort(id.get()), "alice", "wrong table");
+    let result = executor.request(abort).await;
+    assert!(matches!(result, Err(ExecutorError::Killed)), "{result:?}");
+    drop(executor);
+    store.close().await.unwrap();
+    drop(store);
+
+    let at_rest = Catalog::from_loaded(&WalStore::read_only(dir.path()).unwrap());
+    let pending = at_rest.pending_requests();
+    assert_eq!(pending.len(), 1, "the request outlives the kill");
+    assert_eq!(pending[0].1.by, "alice");
+    assert_eq!(
+        at_rest.get(id).unwrap().state,
+        "Wait",
+        "and was not acted on"
+    );
+
+    let store = Arc::new(WalStore::open(dir.path(), WalConfig::default()).unwrap());
+    let executor = start(&store, &log).await;
+    let outcome = executor.wait(id).await.unwrap();
+    assert_eq!(
+        outcome,
+        Outcome::RolledBack(procflow::Error::fatal("aborted by alice: wrong table"))
+    );
+    assert_eq!(log.count("undo reserve a"), 1);
+    let catalog = executor.catalog().await.unwrap();
+    // Deleted once done (the delete follows the rollback's writes).
+    for _ in 0..200 {
+        if executor
+            .catalog()
+            .await
+            .unwrap()
+            .pending_requests()
+            .is_empty()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        executor
+            .catalog()
+            .await
+            .unwrap()
+            .pending_requests()
+            .is_empty()
+    );
+    let record = catalog.get(id).unwrap();
+    let interrupted = record.history.iter().find(|e| e.kind == StepKind::Control);
+    assert_eq!(
+        interrupted.map(|e| &e.outcome),
+        Some(&StepOutcome::Interrupted(
+            "aborted by alice: wrong table".into()
+        ))
+    );
+    executor.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bypass_ends_a_stuck_procedure_frees_its_locks_and_records_who() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::default();
+    let store = Arc::new(WalStore::open(dir.path(), WalConfig::default()).unwrap());
+    let executor = start(&store, &log).await;
+    log.let_go("stuck");
+    let stuck = executor
+        .submit(Job::new("stuck").locking("ns/t1").failing_commit())
+        .await
+        .unwrap();
+    // Stuck, and retried once since.
+    until(
+        &executor,
+        stuck,
+        |s| matches!(s, Status::Stuck { attempts, .. } if *attempts >= 2),
+    )
+    .await;
+    let next = executor
+        .submit(Job::new("next").locking("ns/t1"))
+        .await
+        .unwrap();
+    until(&executor, next, |s| *s == Status::WaitingForLock).await;
+
+    // Seen from outside: stuck (stored when it became stuck), holding its lock.
+    let live = executor.record(stuck).await.unwrap().unwrap();
+    assert!(
+        matches!(live.status, Status::Stuck { .. }),
+        "{:?}",
+        live.status
+    );
+    assert!(live.holds_locks && live.attempts >= 2);
+    assert_eq!(
+        live.last_error.as_deref(),
+        Some("the region server refuses the commit")
+    );
+    assert!(
+        executor
+            .record(next)
+            .await
+            .unwrap()
+            .unwrap()
+            .waits_for_locks
+    );
+    let at_rest = Catalog::from_loaded(&WalStore::read_only(dir.path()).unwrap());
+    assert!(matches!(
+        at_rest.get(stuck).unwrap().status,
+        Status::Stuck { .. }
+    ));
+
+    let bypass = Action::Bypass {
+        id: stuck.get(),
+        recursive: false,
+    };
+    let handled = executor
+        .request(Request::new(bypass, "bob", "commit done by hand"))
+        .await
+        .unwrap();
+    assert_eq!(handled, Handled::Done { procedures: 1 });
+    assert_eq!(executor.wait(stuck).await.unwrap(), Outcome::Bypassed);
+    // Its lock is free: the waiter gets it and runs (once let go).
+    log.let_go("next");
+    until(&executor, next, |s| suspended(s) || s.is_finished()).await;
+    executor.wake("go-next").await.unwrap();
+    assert_eq!(executor.wait(next).await.unwrap(), Outcome::Succeeded);
+
+    let record = executor.record(stuck).await.unwrap().unwrap();
+    assert_eq!(record.status, Status::Bypassed);
+    let bypassed = record.bypass.as_ref().unwrap();
+    assert_eq!(
+        (bypassed.by.as_str(), bypassed.reason.as_str()),
+        ("bob", "commit done by hand")
+    );
+    let last = record.history.last().unwrap();
+    assert_eq!(
+        last.outcome,
+        StepOutcome::Bypassed {
+            by: "bob".into(),
+            reason: "commit done by hand".into()
+        }
+    );
+    executor.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abort_past_the_point_of_no_return_is_refused_and_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::default();
+    let store = Arc::new(WalStore::open(dir.path(), WalConfig::default()).unwrap());
+    let executor = start(&store, &log).await;
+    log.let_go("p");
+    let id = executor
+        .submit(Job::new("p").failing_commit())
+        .await
+        .unwrap();
+    until(&executor, id, |s| matches!(s, Status::Stuck { .. })).await;
+    let handled = executor
+        .request(Request::new(Action::Abort(id.get()), "carol", "give up"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&handled, Handled::Refused(why) if why.contains("point of no return")),
+        "{handled:?}"
+    );
+    assert!(
+        executor
+            .catalog()
+            .await
+            .unwrap()
+            .pending_requests()
+            .is_empty()
+    );
+    executor.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_at_rest_has_the_history_and_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::default();
+    let store = Arc::new(WalStore::open(dir.path(), WalConfig::default()).unwrap());
+    let executor = start(&store, &log).await;
+    let id = executor.submit(Job::new("h")).await.unwrap();
+    until(&executor, id, suspended).await;
+    log.let_go("h");
+    let woken = executor
+        .request(Request::new(Action::Wake("go-h".into()), "dave", ""))
+        .await
+        .unwrap();
+    assert_eq!(woken, Handled::Done { procedures: 1 });
+    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    executor.shutdown().await.unwrap();
+
+    let catalog = Catalog::from_loaded(&WalStore::read_only(dir.path()).unwrap());
+    let record = catalog.get(id).unwrap();
+    let steps: Vec<(&str, &StepOutcome)> = record
+        .history
+        .iter()
+        .map(|e| (e.state.as_str(), &e.outcome))
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            ("Reserve", &StepOutcome::Moved),
+            ("Wait", &StepOutcome::Suspended("go-h".into())),
+            ("Wait", &StepOutcome::Moved),
+            ("Commit", &StepOutcome::Moved),
+            ("Done", &StepOutcome::Ended),
+        ]
+    );
+    assert!(record.submitted <= record.updated && record.finished.is_some());
+    assert_eq!(record.visited, ["Reserve", "Wait", "Commit", "Done"]);
+    let diagram = catalog.diagram(id).unwrap();
+    assert!(
+        diagram.contains("class Reserve,Wait,Commit visited"),
+        "{diagram}"
+    );
+    assert!(diagram.contains("class Done current"), "{diagram}");
+}
