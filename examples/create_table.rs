@@ -6,6 +6,7 @@
 //! cargo run --example create_table -- --dir /tmp/t --crash-at AddToMeta   # dies mid-way
 //! cargo run --example create_table -- --dir /tmp/t                   # resumes, finishes
 //! cargo run --example create_table -- --diagram          # the machine, as a Mermaid diagram
+//! cargo run -p procflow --features cli --bin procflow -- list --store /tmp/t   # look inside
 //! ```
 //!
 //! `--crash-at STATE` exits the process abruptly inside that state's handler, before its
@@ -241,7 +242,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::process::exit(2)
     });
     println!("catalog: {}", args.dir.display());
-    let store = Arc::new(WalStore::open(args.dir.join("wal"), WalConfig::default())?);
+    // The store's files sit next to the catalog's `tables/` and `meta/` (the store
+    // ignores names that are not its own), so `procflow list --store DIR` reads it.
+    let store = Arc::new(WalStore::open(&args.dir, WalConfig::default())?);
     let catalog = Catalog {
         root: args.dir.clone(),
         crash_at: args.crash_at,

@@ -1,0 +1,143 @@
+//! The command line.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// See and act on procflow procedures stored in a WAL directory.
+#[derive(Parser)]
+#[command(name = "procflow", version)]
+pub struct Cli {
+    /// Print JSON (one document) instead of a table.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// List procedures, oldest first.
+    List {
+        #[command(flatten)]
+        filter: Filter,
+        /// The store's directory.
+        #[arg(long)]
+        store: PathBuf,
+    },
+    /// One procedure's record, with its children as a tree.
+    Show {
+        id: u64,
+        #[arg(long)]
+        store: PathBuf,
+    },
+    /// One procedure's step history.
+    History {
+        id: u64,
+        #[arg(long)]
+        store: PathBuf,
+    },
+    /// One procedure's machine as a Mermaid diagram, its path and current state drawn on
+    /// it (and while it rolls back, the states still to undo).
+    Diagram {
+        id: u64,
+        #[arg(long)]
+        store: PathBuf,
+    },
+    /// The locks procedures hold (at rest: take back first at the next start).
+    Locks {
+        #[arg(long)]
+        store: PathBuf,
+    },
+    /// Ask procedures to roll back (when an executor next starts on the store).
+    Abort {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        store: PathBuf,
+    },
+    /// Wake the procedures suspended on an event (when an executor next starts).
+    Wake {
+        event: String,
+        /// Who asks.
+        #[arg(long, default_value_t = whoami())]
+        by: String,
+        #[arg(long)]
+        store: PathBuf,
+    },
+    /// End procedures as bypassed, without running their handlers, releasing their locks
+    /// (when an executor next starts).
+    Bypass {
+        #[command(flatten)]
+        target: Target,
+        /// Bypass their live descendants too.
+        #[arg(long)]
+        recursive: bool,
+        #[arg(long)]
+        store: PathBuf,
+    },
+}
+
+/// Which procedures a command lists or acts on.
+#[derive(Args, Clone, Default)]
+pub struct Filter {
+    /// Only those with this status (runnable, suspended, stuck, rolling-back, succeeded…).
+    #[arg(long)]
+    pub status: Option<String>,
+    /// Only those of this machine.
+    #[arg(long)]
+    pub machine: Option<String>,
+    /// Only those submitted longer ago than this (`90s`, `15m`, `2h`, `3d`).
+    #[arg(long)]
+    pub older_than: Option<Age>,
+}
+
+impl Filter {
+    pub fn any(&self) -> bool {
+        self.status.is_some() || self.machine.is_some() || self.older_than.is_some()
+    }
+}
+
+/// The procedures a write command acts on, and who asks why.
+#[derive(Args)]
+pub struct Target {
+    /// Procedure ids (or use the filters for a bulk request).
+    pub ids: Vec<u64>,
+    #[command(flatten)]
+    pub filter: Filter,
+    /// Who asks (recorded with the request and in the procedure's history).
+    #[arg(long, default_value_t = whoami())]
+    pub by: String,
+    /// Why.
+    #[arg(long, default_value = "")]
+    pub reason: String,
+}
+
+/// A duration written `90s`, `15m`, `2h` or `3d`.
+#[derive(Clone, Copy)]
+pub struct Age(pub Duration);
+
+impl FromStr for Age {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let bad = || format!("`{text}` is not an age: write a number and s, m, h or d (`15m`)");
+        let unit = text.chars().last().ok_or_else(bad)?;
+        let number: u64 = text[..text.len() - unit.len_utf8()]
+            .parse()
+            .map_err(|_| bad())?;
+        let seconds = match unit {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86_400,
+            _ => return Err(bad()),
+        };
+        Ok(Age(Duration::from_secs(number.saturating_mul(seconds))))
+    }
+}
+
+fn whoami() -> String {
+    std::env::var("USER").unwrap_or_else(|_| "operator".to_owned())
+}

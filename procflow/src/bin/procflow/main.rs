@@ -1,0 +1,134 @@
+//! `procflow`: see and act on the procedures of a store from outside the process that
+//! runs them. `cargo install procflow --features cli`.
+//!
+//! Read commands (`list`, `show`, `history`, `diagram`, `locks`) read a WAL directory
+//! without its lock, so they work while an executor runs on it. Write commands (`abort`,
+//! `wake`, `bypass`) store a request for the executor, which carries it out when it next
+//! starts on the store; they need the store closed (an executor that runs has it locked).
+//!
+//! - `args`: the command line;
+//! - `print`: tables for people, JSON for scripts;
+//! - `act`: the write commands.
+
+mod act;
+mod args;
+mod print;
+
+use args::{Cli, Command, Filter};
+use clap::Parser;
+use procflow::ProcedureId;
+use procflow::operator::{Catalog, ProcedureRecord};
+use procflow::store::WalStore;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::SystemTime;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("procflow: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<(), String> {
+    let json = cli.json;
+    match cli.command {
+        Command::List { store, filter } => {
+            let catalog = read(&store)?;
+            let records = select(&catalog, &filter)?;
+            print::list(&records, json);
+            print::unreadable(catalog.unreadable());
+        }
+        Command::Show { id, store } => {
+            let catalog = read(&store)?;
+            print::show(&catalog, record(&catalog, id)?, json);
+        }
+        Command::History { id, store } => {
+            let catalog = read(&store)?;
+            print::history(record(&catalog, id)?, json);
+        }
+        Command::Diagram { id, store } => {
+            let catalog = read(&store)?;
+            let found = record(&catalog, id)?;
+            let diagram = catalog.diagram(found.id).ok_or_else(|| {
+                format!(
+                    "the store holds no graph of machine `{}` (an executor that runs it stores it when it starts)",
+                    found.machine
+                )
+            })?;
+            print!("{diagram}");
+        }
+        Command::Locks { store } => print::locks(&read(&store)?, json),
+        Command::Abort { target, store } => {
+            act::abort(&store, &target, |catalog| {
+                select_ids(catalog, &target.ids, &target.filter)
+            })?;
+        }
+        Command::Wake { event, by, store } => act::wake(&store, event, &by)?,
+        Command::Bypass {
+            target,
+            recursive,
+            store,
+        } => act::bypass(&store, &target, recursive, |catalog| {
+            select_ids(catalog, &target.ids, &target.filter)
+        })?,
+    }
+    Ok(())
+}
+
+/// Reads a WAL directory without locking it.
+fn read(store: &Path) -> Result<Catalog, String> {
+    let loaded = WalStore::read_only(store).map_err(|e| e.to_string())?;
+    Ok(Catalog::from_loaded(&loaded))
+}
+
+fn record(catalog: &Catalog, id: u64) -> Result<&ProcedureRecord, String> {
+    catalog
+        .get(ProcedureId::new(id))
+        .ok_or_else(|| format!("the store holds no procedure #{id}"))
+}
+
+/// The records that pass `filter`.
+fn select<'a>(catalog: &'a Catalog, filter: &Filter) -> Result<Vec<&'a ProcedureRecord>, String> {
+    let older_than = filter.older_than.map(|age| SystemTime::now() - age.0);
+    Ok(catalog
+        .records()
+        .iter()
+        .filter(|r| {
+            filter
+                .status
+                .as_deref()
+                .is_none_or(|s| r.status.name() == s)
+        })
+        .filter(|r| filter.machine.as_deref().is_none_or(|m| r.machine == m))
+        .filter(|r| older_than.is_none_or(|limit| r.submitted <= limit))
+        .collect())
+}
+
+/// The ids given, or those the filter selects (the bulk forms); never both, never none.
+fn select_ids(catalog: &Catalog, ids: &[u64], filter: &Filter) -> Result<Vec<u64>, String> {
+    if !ids.is_empty() {
+        if filter.any() {
+            return Err(
+                "give procedure ids or filters (--status, --machine, --older-than), not both"
+                    .into(),
+            );
+        }
+        for &id in ids {
+            record(catalog, id)?;
+        }
+        return Ok(ids.to_vec());
+    }
+    if !filter.any() {
+        return Err(
+            "name the procedures: ids, or filters (--status, --machine, --older-than)".into(),
+        );
+    }
+    let selected = select(catalog, filter)?;
+    let live = selected.iter().filter(|r| !r.status.is_finished());
+    Ok(live.map(|r| r.id.get()).collect())
+}
