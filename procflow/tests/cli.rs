@@ -3,15 +3,11 @@
 
 mod common;
 
-use common::ops::{Job, JobState, Log};
-use procflow::ProcedureId;
-use procflow::executor::{Config, Executor, Outcome, RetryPolicy, Status};
-use procflow::store::{WalConfig, WalStore};
+use common::ops::{Job, Log, start, until};
+use procflow::executor::{Outcome, Status};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
-use std::sync::Arc;
-use std::time::Duration;
 
 fn procflow(args: &[&str], store: &Path) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_procflow"))
@@ -30,35 +26,6 @@ fn json(args: &[&str], store: &Path) -> Value {
     let (ok, stdout, stderr) = procflow(&with_json, store);
     assert!(ok, "procflow {args:?} failed: {stderr}");
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
-}
-
-async fn start(dir: &Path, log: &Log) -> Executor<Log> {
-    let store = Arc::new(WalStore::open(dir, WalConfig::default()).unwrap());
-    let config = Config {
-        retry: RetryPolicy {
-            initial: Duration::from_millis(5),
-            max_delay: Duration::from_millis(20),
-            max_attempts: 2,
-            ..RetryPolicy::default()
-        },
-        ..Config::default()
-    };
-    Executor::builder_shared(store, Arc::new(log.clone()))
-        .register::<JobState>()
-        .config(config)
-        .start()
-        .await
-        .unwrap()
-}
-
-async fn until(executor: &Executor<Log>, id: ProcedureId, done: impl Fn(&Status) -> bool) {
-    for _ in 0..2000 {
-        if executor.state(id).is_some_and(|info| done(&info.status)) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("#{id} never got there: {:?}", executor.state(id));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

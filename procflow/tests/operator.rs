@@ -2,47 +2,14 @@
 
 mod common;
 
-use common::ops::{Job, JobState, Log};
-use procflow::ProcedureId;
+use common::ops::{Job, JobState, Log, start, until};
 use procflow::executor::{
-    Config, Executor, ExecutorError, Handled, Outcome, RetryPolicy, Status, WriteKind, WritePoint,
+    Executor, ExecutorError, Handled, Outcome, Status, WriteKind, WritePoint,
 };
 use procflow::operator::{Action, Catalog, Request, StepKind, StepOutcome};
 use procflow::store::{Store, WalConfig, WalStore};
 use std::sync::Arc;
 use std::time::Duration;
-
-fn config() -> Config {
-    Config {
-        retry: RetryPolicy {
-            initial: Duration::from_millis(5),
-            max_delay: Duration::from_millis(20),
-            max_attempts: 2,
-            ..RetryPolicy::default()
-        },
-        ..Config::default()
-    }
-}
-
-async fn start(store: &Arc<WalStore>, log: &Log) -> Executor<Log> {
-    Executor::builder_shared(store.clone(), Arc::new(log.clone()))
-        .register::<JobState>()
-        .config(config())
-        .start()
-        .await
-        .unwrap()
-}
-
-/// Waits until `id`'s status satisfies `done`.
-async fn until(executor: &Executor<Log>, id: ProcedureId, done: impl Fn(&Status) -> bool) {
-    for _ in 0..2000 {
-        if executor.state(id).is_some_and(|info| done(&info.status)) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("#{id} never got there: {:?}", executor.state(id));
-}
 
 fn suspended(status: &Status) -> bool {
     matches!(status, Status::Suspended { .. })
@@ -81,8 +48,7 @@ async fn an_abort_request_survives_a_kill_before_it_is_acted_on() {
         "and was not acted on"
     );
 
-    let store = Arc::new(WalStore::open(dir.path(), WalConfig::default()).unwrap());
-    let executor = start(&store, &log).await;
+    let executor = start(dir.path(), &log).await;
     let outcome = executor.wait(id).await.unwrap();
     assert_eq!(
         outcome,
@@ -126,8 +92,7 @@ async fn an_abort_request_survives_a_kill_before_it_is_acted_on() {
 async fn bypass_ends_a_stuck_procedure_frees_its_locks_and_records_who() {
     let dir = tempfile::tempdir().unwrap();
     let log = Log::default();
-    let store = Arc::new(WalStore::open(dir.path(), WalConfig::default()).unwrap());
-    let executor = start(&store, &log).await;
+    let executor = start(dir.path(), &log).await;
     log.let_go("stuck");
     let stuck = executor
         .submit(Job::new("stuck").locking("ns/t1").failing_commit())
@@ -210,8 +175,7 @@ async fn bypass_ends_a_stuck_procedure_frees_its_locks_and_records_who() {
 async fn an_abort_past_the_point_of_no_return_is_refused_and_dropped() {
     let dir = tempfile::tempdir().unwrap();
     let log = Log::default();
-    let store = Arc::new(WalStore::open(dir.path(), WalConfig::default()).unwrap());
-    let executor = start(&store, &log).await;
+    let executor = start(dir.path(), &log).await;
     log.let_go("p");
     let id = executor
         .submit(Job::new("p").failing_commit())
@@ -241,8 +205,7 @@ async fn an_abort_past_the_point_of_no_return_is_refused_and_dropped() {
 async fn the_record_at_rest_has_the_history_and_the_path() {
     let dir = tempfile::tempdir().unwrap();
     let log = Log::default();
-    let store = Arc::new(WalStore::open(dir.path(), WalConfig::default()).unwrap());
-    let executor = start(&store, &log).await;
+    let executor = start(dir.path(), &log).await;
     let id = executor.submit(Job::new("h")).await.unwrap();
     until(&executor, id, suspended).await;
     log.let_go("h");

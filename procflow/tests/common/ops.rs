@@ -1,9 +1,13 @@
 //! A machine for the operator tests (`operator.rs`, `cli.rs`): it takes a lock, waits
 //! for an event, then crosses a point of no return that can be made to fail for good.
 
+use procflow::executor::{Config, Executor, RetryPolicy, Status};
 use procflow::prelude::*;
+use procflow::store::{WalConfig, WalStore};
 use serde::{Deserialize, Serialize};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// What the handlers did, and which jobs may go on past `Wait`.
 #[derive(Clone, Default)]
@@ -97,4 +101,35 @@ impl JobStateHandlers for Job {
         let locks = self.lock.iter().map(Lock::exclusive);
         Ok(Locks::new(locks.collect::<Result<Vec<_>, _>>()?))
     }
+}
+
+/// An executor of `JobState` on the WAL in `dir`, retrying within milliseconds.
+pub async fn start(dir: &Path, log: &Log) -> Executor<Log> {
+    let store = Arc::new(WalStore::open(dir, WalConfig::default()).unwrap());
+    let config = Config {
+        retry: RetryPolicy {
+            initial: Duration::from_millis(5),
+            max_delay: Duration::from_millis(20),
+            max_attempts: 2,
+            ..RetryPolicy::default()
+        },
+        ..Config::default()
+    };
+    Executor::builder_shared(store, Arc::new(log.clone()))
+        .register::<JobState>()
+        .config(config)
+        .start()
+        .await
+        .unwrap()
+}
+
+/// Waits (up to 10 s) until `id`'s status satisfies `done`.
+pub async fn until(executor: &Executor<Log>, id: ProcedureId, done: impl Fn(&Status) -> bool) {
+    for _ in 0..2000 {
+        if executor.state(id).is_some_and(|info| done(&info.status)) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("#{id} never got there: {:?}", executor.state(id));
 }
