@@ -41,7 +41,7 @@ pub enum Status {
     /// Failed and could not (or was not allowed to) roll back fully.
     Failed,
     /// Ended by an operator's bypass, without running its remaining handlers (see
-    /// [`Executor::bypass`](super::Executor::bypass)).
+    /// [`Action::Bypass`](crate::operator::Action::Bypass)).
     Bypassed,
 }
 

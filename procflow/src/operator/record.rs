@@ -33,7 +33,7 @@ pub enum Waiting {
     },
 }
 
-/// An operator's bypass (see [`Executor::bypass`](crate::executor::Executor::bypass)).
+/// An operator's bypass (see [`Action::Bypass`](crate::operator::Action::Bypass)).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Bypass {
     /// Who asked.
