@@ -118,7 +118,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
         let ids = ids.clone();
         self.publish();
         if self.bypass_requested() {
-            return Ok(()); // The next turn bypasses it; its children go on.
+            return self.bypass_now().await; // Its children go on.
         }
         if self.undoing() {
             return self.await_children_undone(&ids).await;

@@ -240,9 +240,6 @@ impl<E: Send + Sync + 'static> Runner<E> {
         if let Some(error) = self.refused.take() {
             return Box::pin(self.fail_refused(error)).await;
         }
-        if self.bypass_requested() {
-            return Box::pin(self.bypass_now()).await;
-        }
         // Waits first: a step that spawned children has already moved to the state after
         // them, which may be terminal; the procedure ends only once they have.
         match &self.envelope.wait {

@@ -36,15 +36,14 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// An operator's bypass interrupts it too, wherever it is, past a point of no return
     /// as well ([`interrupt`](Self::interrupt) then bypasses instead of rolling back).
     pub(super) fn interruption(&self) -> Option<Error> {
-        if self.bypass_requested() {
+        // One look at the table per turn: it is on every step's path.
+        let (bypass, aborted) = match self.inner.table().procs.get(&self.id) {
+            Some(entry) => (entry.bypass.is_some(), entry.abort.clone()),
+            None => (false, None),
+        };
+        if bypass {
             return Some(Error::fatal("bypassed by an operator"));
         }
-        let aborted = self
-            .inner
-            .table()
-            .procs
-            .get(&self.id)
-            .and_then(|entry| entry.abort.clone());
         if !self.may_roll_back() {
             if aborted.is_some() && self.procedure.past_point_of_no_return() {
                 self.settle_requests(&Settled::Refused(
