@@ -332,10 +332,10 @@ impl EtcdStore {
 }
 
 impl Shared {
-    /// Runs one request on the key-value client with the store's deadline.
     /// Runs one request on the key-value client with the store's deadline. A request
     /// that fails on the connection (a member died, the channel routed to it) is sent
-    /// again until the deadline: every request the store makes may run twice, because a
+    /// again until the deadline (once more past it: see below): every request the store
+    /// makes may run twice, because a
     /// transaction is fenced by its token and rewrites the same values.
     pub(crate) async fn call<T, F, Fut>(
         &self,
@@ -346,16 +346,29 @@ impl Shared {
         F: Fn(KvClient) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut deadline = tokio::time::Instant::now() + self.timeout;
+        let mut extended = false;
         loop {
             match tokio::time::timeout_at(deadline, request(self.client.kv_client())).await {
                 Ok(Ok(value)) => return Ok(value),
-                Ok(Err(error))
-                    if is_connection_error(&error) && tokio::time::Instant::now() < deadline =>
-                {
+                Ok(Err(error)) if is_connection_error(&error) && !extended => {
+                    // A pause of the whole process (SIGSTOP, a frozen VM) can use up the
+                    // deadline while a request waited for its answer, which then fails
+                    // with the channel's timeout as the process resumes: it gets one more
+                    // deadline, so that the store reports what etcd says now (a fenced
+                    // writer learns it is fenced) rather than a timeout it did not live.
+                    if tokio::time::Instant::now() >= deadline {
+                        deadline = tokio::time::Instant::now() + self.timeout;
+                        extended = true;
+                    }
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Ok(Err(error)) => return Err(self.io(context, io::Error::other(error))),
+                // The same pause may expire this timer first.
+                Err(_) if !extended => {
+                    deadline = tokio::time::Instant::now() + self.timeout;
+                    extended = true;
+                }
                 Err(_) => {
                     return Err(self.io(
                         context,
