@@ -85,6 +85,12 @@ async fn an_abort_request_survives_a_kill_before_it_is_acted_on() {
             "aborted by alice: wrong table".into()
         ))
     );
+    // The rollback entry names the state it undid, not the one the abort found it in;
+    // the diagram draws that state undone.
+    let undone = record.history.iter().find(|e| e.kind == StepKind::Rollback);
+    let undone = undone.map(|e| (e.state.as_str(), &e.outcome));
+    assert_eq!(undone, Some(("Reserve", &StepOutcome::Undone)));
+    assert_eq!(catalog.path(id).unwrap().undone, ["Reserve"]);
     executor.shutdown().await.unwrap();
 }
 

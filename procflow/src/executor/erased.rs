@@ -28,6 +28,9 @@ pub(crate) enum DynProgress {
 pub(crate) trait DynProcedure<E>: Send {
     fn machine(&self) -> &'static str;
     fn state(&self) -> &'static str;
+    /// The state whose handler the next step runs: while rolling back, the state it
+    /// undoes (not the current one, where the rollback started).
+    fn step_state(&self) -> &'static str;
     fn phase(&self) -> &Phase;
     fn steps(&self) -> u64;
     fn completed_len(&self) -> usize;
@@ -50,6 +53,10 @@ impl<M: StateMachine> DynProcedure<M::Env> for Instance<M> {
     }
     fn state(&self) -> &'static str {
         self.cursor.state().name()
+    }
+    fn step_state(&self) -> &'static str {
+        let undoing = self.cursor.pending_rollback();
+        undoing.unwrap_or_else(|| self.cursor.state()).name()
     }
     fn phase(&self) -> &Phase {
         self.cursor.phase()

@@ -381,7 +381,8 @@ impl<E: Send + Sync + 'static> Runner<E> {
         }
         let state = self.procedure.state();
         let machine = self.procedure.machine();
-        self.ran = (state, self.kind());
+        // The history names the state whose handler ran: the undone one for a rollback.
+        self.ran = (self.procedure.step_state(), self.kind());
         let started = Instant::now();
         let start = self.inner.wake_log.begin_step();
         // From here on the state may have acted, whatever the step returns.
