@@ -47,6 +47,7 @@ pub(crate) mod history;
 mod record;
 pub(crate) mod requests;
 mod ser;
+mod svg;
 
 pub use catalog::Catalog;
 pub use graph::{MachineGraph, PathOnGraph, StateNode};
