@@ -104,6 +104,8 @@
 #![forbid(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
+#[cfg(feature = "admin")]
+pub mod admin;
 pub mod attributes;
 pub mod codec;
 mod context;

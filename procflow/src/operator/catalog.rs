@@ -7,6 +7,7 @@ use super::requests::{self, Action, Request};
 use crate::ProcedureId;
 use crate::locks::Lock;
 use procflow_store::{Loaded, Store, StoreError};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// What a store holds, for operators: every procedure's [`ProcedureRecord`], the graph of
@@ -16,7 +17,10 @@ use std::collections::BTreeMap;
 /// [`WalStore::read_only`](procflow_store::WalStore::read_only) reads while an executor
 /// runs. A running executor gives its live view with
 /// [`Executor::catalog`](crate::executor::Executor::catalog).
-#[derive(Clone, Debug, Default)]
+///
+/// It serializes (the admin API's `/api/catalog`) as `{"records", "unreadable",
+/// "machines", "requests"}`, and reads back from that JSON (`procflow --url`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Catalog {
     records: Vec<ProcedureRecord>,
     unreadable: Vec<(ProcedureId, String)>,
@@ -169,5 +173,14 @@ impl Catalog {
         let record = self.get(id)?;
         let graph = self.machine(&record.machine)?;
         Some(graph.mermaid_with(&self.path(id)?))
+    }
+
+    /// Procedure `id`'s machine drawn as SVG with its path on it
+    /// ([`MachineGraph::svg_with`]); `None` as for [`diagram`](Self::diagram).
+    #[must_use]
+    pub fn svg(&self, id: ProcedureId) -> Option<String> {
+        let record = self.get(id)?;
+        let graph = self.machine(&record.machine)?;
+        Some(graph.svg_with(&self.path(id)?))
     }
 }

@@ -52,14 +52,18 @@ pub enum StepOutcome {
 }
 
 /// One entry of a procedure's step history.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HistoryEntry {
     /// The state it concerns.
     pub state: String,
     /// Forward step, rollback step, or the executor's or an operator's doing.
     pub kind: StepKind,
     /// When it ended.
-    #[serde(serialize_with = "super::ser::ms", rename = "at_ms")]
+    #[serde(
+        serialize_with = "super::ser::ms",
+        deserialize_with = "super::ser::de_ms"
+    )]
+    #[serde(rename = "at_ms")]
     pub at: SystemTime,
     /// How it ended.
     pub outcome: StepOutcome,

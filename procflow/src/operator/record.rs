@@ -11,11 +11,11 @@ use crate::executor::status::status_of;
 use crate::locks::{Hold, Lock};
 use crate::{Error, ProcedureId};
 use procflow_store::Record;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::SystemTime;
 
 /// What a procedure waits for before its next step.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Waiting {
@@ -28,20 +28,22 @@ pub enum Waiting {
         /// The event's name.
         event: String,
         /// When it gives up waiting, if it has a timeout.
-        #[serde(serialize_with = "ser::opt_ms", rename = "until_ms")]
+        #[serde(serialize_with = "ser::opt_ms", deserialize_with = "ser::de_opt_ms")]
+        #[serde(rename = "until_ms")]
         until: Option<SystemTime>,
     },
 }
 
 /// An operator's bypass (see [`Action::Bypass`](crate::operator::Action::Bypass)).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bypass {
     /// Who asked.
     pub by: String,
     /// Why.
     pub reason: String,
     /// When.
-    #[serde(serialize_with = "ser::ms", rename = "at_ms")]
+    #[serde(serialize_with = "ser::ms", deserialize_with = "ser::de_ms")]
+    #[serde(rename = "at_ms")]
     pub at: SystemTime,
 }
 
@@ -57,7 +59,7 @@ pub struct Bypass {
 /// [`WaitingForLock`](Status::WaitingForLock). Read from a running executor
 /// ([`Executor::record`](crate::executor::Executor::record)) the status, attempts and
 /// locks are the live ones.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct ProcedureRecord {
     /// Its id.
@@ -71,7 +73,7 @@ pub struct ProcedureRecord {
     /// The submit's nonce, if it had one.
     pub nonce: Option<String>,
     /// Its status.
-    #[serde(serialize_with = "ser::status")]
+    #[serde(serialize_with = "ser::status", deserialize_with = "ser::de_status")]
     pub status: Status,
     /// The current state (the next to run, or the last one once ended).
     pub state: String,
@@ -82,21 +84,28 @@ pub struct ProcedureRecord {
     /// The last failure of the current step.
     pub last_error: Option<String>,
     /// The failure that made it roll back (or fail).
-    #[serde(serialize_with = "ser::opt_error")]
+    #[serde(
+        serialize_with = "ser::opt_error",
+        deserialize_with = "ser::de_opt_error"
+    )]
     pub cause: Option<Error>,
     /// What it waits for.
     pub waiting: Waiting,
     /// When it was submitted.
-    #[serde(serialize_with = "ser::ms", rename = "submitted_ms")]
+    #[serde(serialize_with = "ser::ms", deserialize_with = "ser::de_ms")]
+    #[serde(rename = "submitted_ms")]
     pub submitted: SystemTime,
     /// When its record was last written.
-    #[serde(serialize_with = "ser::ms", rename = "updated_ms")]
+    #[serde(serialize_with = "ser::ms", deserialize_with = "ser::de_ms")]
+    #[serde(rename = "updated_ms")]
     pub updated: SystemTime,
     /// When it ended.
-    #[serde(serialize_with = "ser::opt_ms", rename = "finished_ms")]
+    #[serde(serialize_with = "ser::opt_ms", deserialize_with = "ser::de_opt_ms")]
+    #[serde(rename = "finished_ms")]
     pub finished: Option<SystemTime>,
     /// When it fails if it has not ended (its timeout).
-    #[serde(serialize_with = "ser::opt_ms", rename = "deadline_ms")]
+    #[serde(serialize_with = "ser::opt_ms", deserialize_with = "ser::de_opt_ms")]
+    #[serde(rename = "deadline_ms")]
     pub deadline: Option<SystemTime>,
     /// The locks it declared.
     pub locks: Vec<Lock>,

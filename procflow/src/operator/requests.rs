@@ -21,8 +21,10 @@ use crate::operator::history::time_of;
 /// Metadata key prefix of stored requests.
 pub(crate) const REQUEST_PREFIX: &str = "procflow/request/";
 
-/// What an operator asks for. Variants are only appended: their index is stored.
+/// What an operator asks for. Variants are only appended: their index is stored (the
+/// names are JSON's: `{"abort": 3}`, `{"wake": "go"}`, `{"bypass": {"id": 3, ..}}`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Action {
     /// Roll the procedure back (see [`Executor::abort`](crate::executor::Executor::abort)

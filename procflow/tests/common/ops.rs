@@ -133,3 +133,35 @@ pub async fn until(executor: &Executor<Log>, id: ProcedureId, done: impl Fn(&Sta
     }
     panic!("#{id} never got there: {:?}", executor.state(id));
 }
+
+/// Three jobs: `alpha` suspended holding `tables/users`, `beta` stuck past its point of
+/// no return (its commit fails for good), `gamma` succeeded.
+pub async fn three_jobs(executor: &Executor<Log>, log: &Log) -> [ProcedureId; 3] {
+    let alpha = executor
+        .submit(Job::new("alpha").locking("tables/users"))
+        .await
+        .unwrap();
+    log.let_go("beta");
+    let beta = executor
+        .submit(Job::new("beta").failing_commit())
+        .await
+        .unwrap();
+    log.let_go("gamma");
+    let gamma = executor.submit(Job::new("gamma")).await.unwrap();
+    until(executor, alpha, |s| matches!(s, Status::Suspended { .. })).await;
+    until(executor, beta, |s| matches!(s, Status::Stuck { .. })).await;
+    let done = executor.wait(gamma).await.unwrap();
+    assert_eq!(done, procflow::executor::Outcome::Succeeded);
+    [alpha, beta, gamma]
+}
+
+/// The executor's admin on a free loopback port, with `token` (empty: read-only).
+#[cfg(feature = "admin")]
+pub async fn serve(executor: &Executor<Log>, token: &str) -> procflow::admin::AdminServer {
+    procflow::admin::Admin::new(executor.clone())
+        .token(token)
+        .bind("127.0.0.1:0".parse().unwrap())
+        .serve()
+        .await
+        .unwrap()
+}

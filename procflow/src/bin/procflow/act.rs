@@ -1,17 +1,19 @@
 //! The write commands: each stores a request for the executor, which carries it out when
-//! it next starts on the store.
+//! it next starts on the store, or, with `--url`, hands it to the running executor.
 
-use crate::args::Target;
+use crate::args::{Place, Target};
+use crate::remote;
 use procflow::operator::{Action, Catalog, Request, leave_request};
 use procflow::store::{Store, StoreError, WalConfig, WalStore};
 use std::path::Path;
 
 pub fn abort(
-    store: &Path,
+    at: &Place,
+    token: Option<&str>,
     target: &Target,
     ids: impl FnOnce(&Catalog) -> Result<Vec<u64>, String>,
 ) -> Result<(), String> {
-    leave(store, |catalog| {
+    leave(at, token, |catalog| {
         let requests = ids(catalog)?
             .into_iter()
             .map(|id| Request::new(Action::Abort(id), &target.by, &target.reason));
@@ -20,7 +22,8 @@ pub fn abort(
 }
 
 pub fn bypass(
-    store: &Path,
+    at: &Place,
+    token: Option<&str>,
     target: &Target,
     recursive: bool,
     ids: impl FnOnce(&Catalog) -> Result<Vec<u64>, String>,
@@ -28,7 +31,7 @@ pub fn bypass(
     if target.reason.is_empty() {
         return Err("a bypass needs --reason: it is recorded in the procedure's history".into());
     }
-    leave(store, |catalog| {
+    leave(at, token, |catalog| {
         let requests = ids(catalog)?
             .into_iter()
             .map(|id| Request::new(Action::Bypass { id, recursive }, &target.by, &target.reason));
@@ -36,14 +39,57 @@ pub fn bypass(
     })
 }
 
-pub fn wake(store: &Path, event: String, by: &str) -> Result<(), String> {
-    leave(store, |_| {
+pub fn wake(at: &Place, token: Option<&str>, event: String, by: &str) -> Result<(), String> {
+    leave(at, token, |_| {
         Ok(vec![Request::new(Action::Wake(event), by, "")])
     })
 }
 
-/// Opens the store for writing, stores the requests `make` makes, and says so.
+/// Makes the requests and hands them over: to the admin API at `--url`, or into the
+/// stopped store at `--store`.
 fn leave(
+    at: &Place,
+    token: Option<&str>,
+    make: impl FnOnce(&Catalog) -> Result<Vec<Request>, String>,
+) -> Result<(), String> {
+    match (&at.url, &at.store) {
+        (Some(url), _) => send(url, token, make),
+        (None, Some(dir)) => store(dir, make),
+        (None, None) => Err("give --store DIR or --url URL".to_owned()),
+    }
+}
+
+/// Posts each request to the admin API, which carries it out before it answers.
+fn send(
+    url: &str,
+    token: Option<&str>,
+    make: impl FnOnce(&Catalog) -> Result<Vec<Request>, String>,
+) -> Result<(), String> {
+    let requests = make(&remote::catalog(url)?)?;
+    if requests.is_empty() {
+        return Err("no procedure matches".to_owned());
+    }
+    let mut failed = 0;
+    for request in &requests {
+        match remote::send(url, token, request) {
+            Ok(done) => println!("{done}"),
+            Err(why) => {
+                eprintln!("procflow: {why}");
+                failed += 1;
+            }
+        }
+    }
+    match failed {
+        0 => Ok(()),
+        n => Err(format!(
+            "{n} of {} requests were not carried out",
+            requests.len()
+        )),
+    }
+}
+
+/// Opens the store for writing, stores the requests `make` makes, and says so.
+fn store(
     dir: &Path,
     make: impl FnOnce(&Catalog) -> Result<Vec<Request>, String>,
 ) -> Result<(), String> {
@@ -51,8 +97,8 @@ fn leave(
     WalStore::read_only(dir).map_err(|e| e.to_string())?;
     let store = WalStore::open(dir, WalConfig::default()).map_err(|e| match e {
         StoreError::Locked { .. } => format!(
-            "{e}: an executor runs on this store; requests are written to a stopped store \
-             (the admin API, for a running executor, is not built yet)"
+            "{e}: an executor runs on this store; requests are written to a stopped store, \
+             or sent to a running executor's admin API with --url"
         ),
         e => e.to_string(),
     })?;

@@ -5,13 +5,17 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-/// See and act on procflow procedures stored in a WAL directory.
+/// See and act on procflow procedures: in a WAL directory (`--store`), or through a running
+/// executor's admin API (`--url`).
 #[derive(Parser)]
 #[command(name = "procflow", version)]
 pub struct Cli {
     /// Print JSON (one document) instead of a table.
     #[arg(long, global = true)]
     pub json: bool,
+    /// The admin token, for abort, wake and bypass through `--url`.
+    #[arg(long, global = true, env = "PROCFLOW_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -22,61 +26,74 @@ pub enum Command {
     List {
         #[command(flatten)]
         filter: Filter,
-        /// The store's directory.
-        #[arg(long)]
-        store: PathBuf,
+        #[command(flatten)]
+        at: Place,
     },
     /// One procedure's record, with its children as a tree.
     Show {
         id: u64,
-        #[arg(long)]
-        store: PathBuf,
+        #[command(flatten)]
+        at: Place,
     },
     /// One procedure's step history.
     History {
         id: u64,
-        #[arg(long)]
-        store: PathBuf,
+        #[command(flatten)]
+        at: Place,
     },
     /// One procedure's machine as a Mermaid diagram, its path and current state drawn on
     /// it (and while it rolls back, the states still to undo).
     Diagram {
         id: u64,
-        #[arg(long)]
-        store: PathBuf,
+        #[command(flatten)]
+        at: Place,
     },
     /// The locks procedures hold (at rest: take back first at the next start).
     Locks {
-        #[arg(long)]
-        store: PathBuf,
+        #[command(flatten)]
+        at: Place,
     },
-    /// Ask procedures to roll back (when an executor next starts on the store).
+    /// Ask procedures to roll back (through `--url`: now; in a `--store`: when an executor
+    /// next starts on it).
     Abort {
         #[command(flatten)]
         target: Target,
-        #[arg(long)]
-        store: PathBuf,
+        #[command(flatten)]
+        at: Place,
     },
-    /// Wake the procedures suspended on an event (when an executor next starts).
+    /// Wake the procedures suspended on an event (through `--url`: now; in a `--store`:
+    /// when an executor next starts on it).
     Wake {
         event: String,
         /// Who asks.
         #[arg(long, default_value_t = whoami())]
         by: String,
-        #[arg(long)]
-        store: PathBuf,
+        #[command(flatten)]
+        at: Place,
     },
     /// End procedures as bypassed, without running their handlers, releasing their locks
-    /// (when an executor next starts).
+    /// (through `--url`: now; in a `--store`: when an executor next starts on it).
     Bypass {
         #[command(flatten)]
         target: Target,
         /// Bypass their live descendants too.
         #[arg(long)]
         recursive: bool,
-        #[arg(long)]
-        store: PathBuf,
+        #[command(flatten)]
+        at: Place,
     },
+}
+
+/// Where the procedures are: one of `--store DIR` and `--url URL`.
+#[derive(Args, Clone)]
+#[group(required = true, multiple = false)]
+pub struct Place {
+    /// The store's directory (read without its lock; writes need the store stopped).
+    #[arg(long)]
+    pub store: Option<PathBuf>,
+    /// A running executor's admin API, e.g. `http://127.0.0.1:7077`.
+    #[arg(long)]
+    pub url: Option<String>,
 }
 
 /// Which procedures a command lists or acts on.

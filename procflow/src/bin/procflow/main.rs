@@ -1,25 +1,28 @@
 //! `procflow`: see and act on the procedures of a store from outside the process that
 //! runs them. `cargo install procflow --features cli`.
 //!
-//! Read commands (`list`, `show`, `history`, `diagram`, `locks`) read a WAL directory
-//! without its lock, so they work while an executor runs on it. Write commands (`abort`,
-//! `wake`, `bypass`) store a request for the executor, which carries it out when it next
-//! starts on the store; they need the store closed (an executor that runs has it locked).
+//! With `--store DIR`, read commands (`list`, `show`, `history`, `diagram`, `locks`) read
+//! a WAL directory without its lock, so they work while an executor runs on it; write
+//! commands (`abort`, `wake`, `bypass`) store a request for the executor, which carries it
+//! out when it next starts on the store, so they need the store closed. With `--url`, both
+//! go through a running executor's admin API (`procflow::admin`), and writes are carried
+//! out at once.
 //!
 //! - `args`: the command line;
 //! - `print`: tables for people, JSON for scripts;
-//! - `act`: the write commands.
+//! - `act`: the write commands;
+//! - `remote`: `--url`.
 
 mod act;
 mod args;
 mod print;
+mod remote;
 
-use args::{Cli, Command, Filter};
+use args::{Cli, Command, Filter, Place};
 use clap::Parser;
 use procflow::ProcedureId;
 use procflow::operator::{Catalog, ProcedureRecord};
 use procflow::store::WalStore;
-use std::path::Path;
 use std::process::ExitCode;
 use std::time::SystemTime;
 
@@ -36,23 +39,24 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<(), String> {
     let json = cli.json;
+    let token = cli.token.as_deref();
     match cli.command {
-        Command::List { store, filter } => {
-            let catalog = read(&store)?;
+        Command::List { at, filter } => {
+            let catalog = read(&at)?;
             let records = select(&catalog, &filter)?;
             print::list(&records, json);
             print::unreadable(catalog.unreadable());
         }
-        Command::Show { id, store } => {
-            let catalog = read(&store)?;
+        Command::Show { id, at } => {
+            let catalog = read(&at)?;
             print::show(&catalog, record(&catalog, id)?, json);
         }
-        Command::History { id, store } => {
-            let catalog = read(&store)?;
+        Command::History { id, at } => {
+            let catalog = read(&at)?;
             print::history(record(&catalog, id)?, json);
         }
-        Command::Diagram { id, store } => {
-            let catalog = read(&store)?;
+        Command::Diagram { id, at } => {
+            let catalog = read(&at)?;
             let found = record(&catalog, id)?;
             let diagram = catalog.diagram(found.id).ok_or_else(|| {
                 format!(
@@ -62,26 +66,30 @@ fn run(cli: Cli) -> Result<(), String> {
             })?;
             print!("{diagram}");
         }
-        Command::Locks { store } => print::locks(&read(&store)?, json),
-        Command::Abort { target, store } => {
-            act::abort(&store, &target, |catalog| {
+        Command::Locks { at } => print::locks(&read(&at)?, json),
+        Command::Abort { target, at } => {
+            act::abort(&at, token, &target, |catalog| {
                 select_ids(catalog, &target.ids, &target.filter)
             })?;
         }
-        Command::Wake { event, by, store } => act::wake(&store, event, &by)?,
+        Command::Wake { event, by, at } => act::wake(&at, token, event, &by)?,
         Command::Bypass {
             target,
             recursive,
-            store,
-        } => act::bypass(&store, &target, recursive, |catalog| {
+            at,
+        } => act::bypass(&at, token, &target, recursive, |catalog| {
             select_ids(catalog, &target.ids, &target.filter)
         })?,
     }
     Ok(())
 }
 
-/// Reads a WAL directory without locking it.
-fn read(store: &Path) -> Result<Catalog, String> {
+/// Reads a WAL directory without locking it, or asks the admin API.
+fn read(at: &Place) -> Result<Catalog, String> {
+    if let Some(url) = &at.url {
+        return remote::catalog(url);
+    }
+    let store = at.store.as_deref().ok_or("give --store DIR or --url URL")?;
     let loaded = WalStore::read_only(store).map_err(|e| e.to_string())?;
     Ok(Catalog::from_loaded(&loaded))
 }

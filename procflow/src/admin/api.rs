@@ -1,0 +1,201 @@
+//! The JSON endpoints: reads of the executor's live view, and the operators' requests.
+
+use super::auth;
+use super::error::ApiError;
+use super::server::Shared;
+use crate::ProcedureId;
+use crate::executor::Handled;
+use crate::operator::{Action, Catalog, ProcedureRecord, Request};
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+type Shared_<E> = State<Arc<Shared<E>>>;
+
+/// `?status=stuck&machine=job`.
+#[derive(Deserialize)]
+pub(super) struct Filter {
+    status: Option<String>,
+    machine: Option<String>,
+}
+
+pub(super) async fn list<E: Send + Sync + 'static>(
+    State(shared): Shared_<E>,
+    Query(filter): Query<Filter>,
+) -> Result<Json<Vec<ProcedureRecord>>, ApiError> {
+    let catalog = shared.executor.catalog().await?;
+    let records = catalog.records().iter().filter(|r| {
+        let status = filter.status.as_deref();
+        status.is_none_or(|s| r.status.name() == s)
+            && filter.machine.as_deref().is_none_or(|m| r.machine == m)
+    });
+    Ok(Json(records.cloned().collect()))
+}
+
+pub(super) async fn record<E: Send + Sync + 'static>(
+    State(shared): Shared_<E>,
+    Path(id): Path<u64>,
+) -> Result<Json<ProcedureRecord>, ApiError> {
+    let record = shared.executor.record(ProcedureId::new(id)).await?;
+    record.map(Json).ok_or_else(|| ApiError::not_found(id))
+}
+
+/// `{"mermaid": .., "svg": ..}`, both with the procedure's path drawn on its machine.
+pub(super) async fn diagram<E: Send + Sync + 'static>(
+    State(shared): Shared_<E>,
+    Path(id): Path<u64>,
+) -> Result<Json<Value>, ApiError> {
+    let catalog = shared.executor.catalog().await?;
+    let record = catalog
+        .get(ProcedureId::new(id))
+        .ok_or_else(|| ApiError::not_found(id))?;
+    let no_graph = || {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("the store holds no graph of machine `{}`", record.machine),
+        )
+    };
+    let mermaid = catalog.diagram(record.id).ok_or_else(no_graph)?;
+    let svg = catalog.svg(record.id).ok_or_else(no_graph)?;
+    Ok(Json(json!({ "mermaid": mermaid, "svg": svg })))
+}
+
+pub(super) async fn catalog<E: Send + Sync + 'static>(
+    State(shared): Shared_<E>,
+) -> Result<Json<Catalog>, ApiError> {
+    Ok(Json(shared.executor.catalog().await?))
+}
+
+pub(super) async fn locks<E: Send + Sync + 'static>(State(shared): Shared_<E>) -> Json<Value> {
+    let held = shared.executor.held_locks().into_iter();
+    let held: Vec<Value> = held
+        .map(|(id, lock)| json!({ "id": id, "lock": lock }))
+        .collect();
+    Json(json!({ "held": held, "waiting": shared.executor.lock_waiters() }))
+}
+
+/// Any other path: a JSON 404 that names it (axum's own is empty).
+pub(super) async fn unknown(uri: axum::http::Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        format!("no such page or endpoint: {}", uri.path()),
+    )
+}
+
+/// The body of a mutation; every field optional except a bypass's `reason`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Ask {
+    by: Option<String>,
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    recursive: bool,
+}
+
+impl Ask {
+    /// The token checked first (a request without it learns nothing of the body's
+    /// faults), then the body parsed.
+    fn checked<E>(shared: &Shared<E>, headers: &HeaderMap, body: &Bytes) -> Result<Self, ApiError> {
+        auth::check(shared.token.as_deref(), headers)?;
+        Self::parse(body)
+    }
+
+    fn parse(body: &Bytes) -> Result<Self, ApiError> {
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Self::default());
+        }
+        // `null` is no body too.
+        serde_json::from_slice::<Option<Self>>(body)
+            .map(Option::unwrap_or_default)
+            .map_err(|e| {
+                ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "the body must be JSON like {{\"by\": \"alice\", \"reason\": \"..\"}}: {e}"
+                    ),
+                )
+            })
+    }
+
+    fn request(self, action: Action) -> Request {
+        Request::new(
+            action,
+            self.by.unwrap_or_else(|| "admin".to_owned()),
+            self.reason,
+        )
+    }
+}
+
+pub(super) async fn abort<E: Send + Sync + 'static>(
+    State(shared): Shared_<E>,
+    Path(id): Path<u64>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let ask = Ask::checked(&shared, &headers, &body)?;
+    carry_out(&shared, ask.request(Action::Abort(id))).await
+}
+
+pub(super) async fn bypass<E: Send + Sync + 'static>(
+    State(shared): Shared_<E>,
+    Path(id): Path<u64>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let ask = Ask::checked(&shared, &headers, &body)?;
+    if ask.reason.trim().is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "a bypass needs a reason: it is recorded in the procedure's history",
+        ));
+    }
+    let recursive = ask.recursive;
+    carry_out(&shared, ask.request(Action::Bypass { id, recursive })).await
+}
+
+pub(super) async fn wake<E: Send + Sync + 'static>(
+    State(shared): Shared_<E>,
+    Path(event): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let ask = Ask::checked(&shared, &headers, &body)?;
+    carry_out(&shared, ask.request(Action::Wake(event))).await
+}
+
+/// Hands `request` to the executor, waits until it is done, and logs what became of it.
+async fn carry_out<E: Send + Sync + 'static>(
+    shared: &Shared<E>,
+    request: Request,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let (action, by, reason) = (
+        request.action.clone(),
+        request.by.clone(),
+        request.reason.clone(),
+    );
+    let handled = shared.executor.request(request).await;
+    tracing::info!(
+        target: "procflow::admin",
+        ?action,
+        by,
+        reason,
+        outcome = ?handled,
+        "operator request"
+    );
+    match handled? {
+        Handled::Done { procedures } => Ok((
+            StatusCode::OK,
+            Json(json!({ "outcome": "done", "procedures": procedures })),
+        )),
+        Handled::Refused(why) => Ok((
+            StatusCode::CONFLICT,
+            Json(json!({ "outcome": "refused", "reason": why })),
+        )),
+        // Handled is non_exhaustive for callers outside the crate only.
+    }
+}

@@ -1,0 +1,89 @@
+//! The admin API and page (feature `admin`): what the `procflow` CLI shows and does, over
+//! HTTP, for a running executor.
+//!
+//! [`Admin`] is an [axum](https://docs.rs/axum) router the application mounts beside its
+//! own routes ([`Admin::router`]), or serves on an address of its own ([`Admin::serve`],
+//! `127.0.0.1:7077` unless told otherwise). It serves one HTML page at `/` — a live table
+//! of procedures, and for one procedure its diagram with the current state highlighted,
+//! its history, children, locks and the operator's buttons — and the JSON endpoints the
+//! page (and `procflow --url`) reads:
+//!
+//! | Method and path                  | Answer                                                  |
+//! |----------------------------------|---------------------------------------------------------|
+//! | `GET /api/procedures`            | every [`ProcedureRecord`](crate::operator::ProcedureRecord), live; `?status=stuck&machine=job` filter |
+//! | `GET /api/procedures/{id}`       | one record (404 if the store does not hold it)          |
+//! | `GET /api/procedures/{id}/diagram` | `{"mermaid": .., "svg": ..}`: its machine with its path drawn on it |
+//! | `GET /api/catalog`               | the whole [`Catalog`](crate::operator::Catalog): records, machines, pending requests |
+//! | `GET /api/locks`                 | `{"held": [{"id", "lock"}], "waiting": [ids]}`          |
+//! | `POST /api/procedures/{id}/abort`  | roll it back; body `{"by", "reason"}`                 |
+//! | `POST /api/procedures/{id}/bypass` | end it as bypassed; body `{"by", "reason", "recursive"}`, `reason` required |
+//! | `POST /api/events/{event}/wake`  | wake the procedures suspended on `event`; body `{"by"}` |
+//!
+//! A `POST` carries out a durable [`Request`](crate::operator::Request) through
+//! [`Executor::request`](crate::executor::Executor::request) and answers once it is done:
+//! `{"outcome": "done", "procedures": n}`, or 409 with `{"outcome": "refused", "reason":
+//! ..}`. Errors are `{"error": ..}` with 400 (bad input), 401 (no or wrong token), 403
+//! (mutations disabled), 404 (no such procedure), 500 (the store) or 503 (the executor
+//! stopped).
+//!
+//! # Security
+//!
+//! Reads need nothing; mutations need `Authorization: Bearer <token>` with the token given
+//! to [`Admin::token`] (the page asks for it). Without a token every mutation is refused:
+//! the admin is read-only. The token travels in a header, never a cookie, so another site
+//! the operator visits cannot make the browser send it. There is no TLS: keep the default
+//! loopback address, or put a TLS proxy in front. Every HTTP request is logged through
+//! `tracing` (target `procflow::admin`) with its method, path, status, time and peer;
+//! every mutation with who asked, why and what became of it.
+//!
+//! # Examples
+//!
+//! ```
+//! # use procflow::prelude::*;
+//! # #[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+//! # #[state_machine(procedure = Job)]
+//! # enum JobState { #[initial] #[transition(to = [Done])] Wait, #[terminal] Done }
+//! # #[derive(serde::Serialize, serde::Deserialize)]
+//! # struct Job;
+//! # impl JobStateHandlers for Job {
+//! #     async fn wait(&mut self, _: &Context<()>) -> Step<job_state::Wait> {
+//! #         Ok(Flow::suspend("never"))
+//! #     }
+//! # }
+//! use procflow::admin::Admin;
+//! use procflow::executor::Executor;
+//! use procflow_store::MemStore;
+//! use std::sync::Arc;
+//!
+//! # tokio::runtime::Runtime::new().unwrap().block_on(async {
+//! let executor = Executor::builder(Arc::new(MemStore::new()), ())
+//!     .register::<JobState>()
+//!     .start()
+//!     .await?;
+//! let id = executor.submit(Job).await?;
+//!
+//! // Port 0: any free port (the default is 127.0.0.1:7077).
+//! let server = Admin::new(executor.clone())
+//!     .token("s3cret")
+//!     .bind("127.0.0.1:0".parse()?)
+//!     .serve()
+//!     .await?;
+//! let url = format!("http://{}/api/procedures/{}", server.local_addr(), id.get());
+//! let record: serde_json::Value = tokio::task::spawn_blocking(move || {
+//!     ureq::get(&url).call()?.body_mut().read_json::<serde_json::Value>()
+//! })
+//! .await??;
+//! assert_eq!(record["status"]["name"], "suspended");
+//! server.shutdown().await?;
+//! # Ok::<_, Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+mod api;
+mod auth;
+mod error;
+mod log;
+mod page;
+mod server;
+
+pub use server::{Admin, AdminServer};

@@ -1,0 +1,449 @@
+//! The admin API over real HTTP (ureq), and the admin page in a real browser: Debian's
+//! headless Chromium driven through chromedriver (fantoccini), against a running executor
+//! on a WAL directory.
+
+mod common;
+
+use common::ops::{Job, Log, serve, start, three_jobs, until};
+use fantoccini::{Client, ClientBuilder, Locator};
+use procflow::ProcedureId;
+use procflow::executor::{Executor, Outcome, Status};
+use procflow::operator::Catalog;
+use serde_json::{Value, json};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "t0ken-for-tests";
+
+/// The admin API of one test: its base URL, called through a real HTTP client.
+struct Api(String);
+
+impl Api {
+    fn of(server: &procflow::admin::AdminServer) -> Self {
+        Self(format!("http://{}/api", server.local_addr()))
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        self.call(path, None).await
+    }
+
+    /// A POST with `Authorization: Bearer <token>` when a token is given.
+    async fn post(&self, path: &str, token: Option<&str>, body: Value) -> (u16, Value) {
+        self.call(path, Some((token.map(str::to_owned), body)))
+            .await
+    }
+
+    /// (status, JSON body), off the runtime (ureq blocks).
+    async fn call(&self, path: &str, post: Option<(Option<String>, Value)>) -> (u16, Value) {
+        let url = format!("{}{path}", self.0);
+        tokio::task::spawn_blocking(move || {
+            let agent = ureq::Agent::config_builder()
+                .http_status_as_error(false)
+                .build()
+                .new_agent();
+            let sent = match post {
+                None => agent.get(&url).call(),
+                Some((Some(token), body)) => agent
+                    .post(&url)
+                    .header("Authorization", format!("Bearer {token}"))
+                    .send_json(&body),
+                Some((None, body)) => agent.post(&url).send_json(&body),
+            };
+            let mut response = sent.unwrap();
+            let status = response.status().as_u16();
+            let text = response.body_mut().read_to_string().unwrap();
+            let body = serde_json::from_str(&text)
+                .unwrap_or_else(|e| panic!("{url} answered {status} {text:?}: {e}"));
+            (status, body)
+        })
+        .await
+        .unwrap()
+    }
+}
+
+fn error(body: &Value) -> &str {
+    body["error"].as_str().unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_reads_live_records_and_carries_out_requests_with_the_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::default();
+    let executor = start(dir.path(), &log).await;
+    let [alpha, beta, gamma] = three_jobs(&executor, &log).await;
+    let (a, b) = (alpha.get(), beta.get());
+    let server = serve(&executor, TOKEN).await;
+    let api = Api::of(&server);
+
+    // Reads.
+    let (status, list) = api.get("/procedures").await;
+    assert_eq!(status, 200);
+    let ids_and_statuses: Vec<(u64, &str)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_u64().unwrap(),
+                r["status"]["name"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let expected = [(a, "suspended"), (b, "stuck"), (gamma.get(), "succeeded")];
+    assert_eq!(ids_and_statuses, expected);
+    let (_, stuck) = api.get("/procedures?status=stuck&machine=job").await;
+    assert_eq!(stuck.as_array().unwrap().len(), 1);
+    assert_eq!(
+        stuck[0]["status"]["error"],
+        "the region server refuses the commit"
+    );
+    assert!(stuck[0]["status"]["attempts"].as_u64().unwrap() >= 1);
+
+    let (status, record) = api.get(&format!("/procedures/{a}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(record["state"], "Wait");
+    assert_eq!(
+        record["status"],
+        json!({"name": "suspended", "event": "go-alpha"})
+    );
+    assert_eq!(record["holds_locks"], true);
+    let users = json!({"key": "tables/users", "mode": "Exclusive"});
+    assert_eq!(record["locks"], json!([users]));
+    let (status, missing) = api.get("/procedures/99").await;
+    assert_eq!(
+        (status, error(&missing)),
+        (404, "the store holds no procedure #99")
+    );
+    let (status, unknown) = api.get("/nothing/here").await;
+    assert_eq!(
+        (status, error(&unknown)),
+        (404, "no such page or endpoint: /api/nothing/here")
+    );
+
+    let (status, diagram) = api.get(&format!("/procedures/{a}/diagram")).await;
+    assert_eq!(status, 200);
+    let mermaid = diagram["mermaid"].as_str().unwrap();
+    assert!(mermaid.contains("class Wait current"), "{mermaid}");
+    let svg = diagram["svg"].as_str().unwrap();
+    assert!(svg.starts_with("<svg"), "{svg}");
+    assert!(
+        svg.contains(r#"class="state current" data-state="Wait""#),
+        "{svg}"
+    );
+
+    let (_, locks) = api.get("/locks").await;
+    assert_eq!(locks["held"], json!([{"id": a, "lock": users}]));
+
+    // The whole catalog reads back into a Catalog (what `procflow --url` does).
+    let (_, catalog) = api.get("/catalog").await;
+    let read: Catalog = serde_json::from_value(catalog).unwrap();
+    let live = executor.catalog().await.unwrap();
+    assert_eq!(read.records().len(), 3);
+    for (read, live) in read.records().iter().zip(live.records()) {
+        assert_eq!((read.id, &read.state), (live.id, &live.state));
+        assert_eq!(read.status.name(), live.status.name());
+        assert_eq!(
+            (&read.history, read.submitted),
+            (&live.history, live.submitted)
+        );
+    }
+    assert!(read.machine("job").is_some());
+
+    // Mutations need the token, and a bypass a reason; a bad body says what to send.
+    let abort = format!("/procedures/{a}/abort");
+    let (status, refused) = api.post(&abort, None, json!({})).await;
+    assert_eq!(status, 401);
+    assert!(error(&refused).contains("Authorization: Bearer"));
+    assert_eq!(api.post(&abort, Some("guess"), json!({})).await.0, 401);
+    let bypass = format!("/procedures/{b}/bypass");
+    let (status, no_reason) = api.post(&bypass, Some(TOKEN), json!({"by": "ops"})).await;
+    assert_eq!(
+        (status, error(&no_reason)),
+        (
+            400,
+            "a bypass needs a reason: it is recorded in the procedure's history"
+        )
+    );
+    let (status, typo) = api.post(&bypass, Some(TOKEN), json!({"resaon": "x"})).await;
+    assert_eq!(status, 400);
+    assert!(error(&typo).contains("unknown field `resaon`"), "{typo}");
+    assert!(matches!(
+        executor.state(alpha).unwrap().status,
+        Status::Suspended { .. }
+    ));
+
+    // With it: beta's abort is refused past its point of no return, its bypass is done,
+    // alpha's abort rolls it back, a wake of an event nobody waits for does nothing.
+    let (status, refused) = api
+        .post(&format!("/procedures/{b}/abort"), Some(TOKEN), json!({}))
+        .await;
+    assert_eq!((status, &refused["outcome"]), (409, &json!("refused")));
+    let ask = json!({"by": "ops", "reason": "committed by hand"});
+    let done = json!({"outcome": "done", "procedures": 1});
+    assert_eq!(
+        api.post(&bypass, Some(TOKEN), ask).await,
+        (200, done.clone())
+    );
+    assert_eq!(executor.wait(beta).await.unwrap(), Outcome::Bypassed);
+    assert_eq!(
+        api.post(&abort, Some(TOKEN), Value::Null).await,
+        (200, done)
+    );
+    assert!(matches!(
+        executor.wait(alpha).await.unwrap(),
+        Outcome::RolledBack(_)
+    ));
+    assert_eq!(log.count("undo reserve alpha"), 1);
+    let nobody = api
+        .post("/events/nobody/wake", Some(TOKEN), json!({}))
+        .await;
+    assert_eq!(nobody, (200, json!({"outcome": "done", "procedures": 0})));
+    let (status, _) = api
+        .post("/procedures/99/abort", Some(TOKEN), json!({}))
+        .await;
+    assert_eq!(status, 404);
+
+    server.shutdown().await.unwrap();
+    executor.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn without_a_token_the_admin_is_read_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::default();
+    let executor = start(dir.path(), &log).await;
+    let id = executor.submit(Job::new("alpha")).await.unwrap();
+    until(&executor, id, |s| matches!(s, Status::Suspended { .. })).await;
+    let server = serve(&executor, "").await;
+    let api = Api::of(&server);
+    assert_eq!(api.get(&format!("/procedures/{}", id.get())).await.0, 200);
+    let abort = format!("/procedures/{}/abort", id.get());
+    let (status, refused) = api.post(&abort, Some("anything"), json!({})).await;
+    assert_eq!(status, 403);
+    assert!(error(&refused).contains("without a token"), "{refused}");
+    assert!(matches!(
+        executor.state(id).unwrap().status,
+        Status::Suspended { .. }
+    ));
+    server.shutdown().await.unwrap();
+    executor.shutdown().await.unwrap();
+}
+
+/// chromedriver on a free port, killed when dropped.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Driver {
+    fn start() -> Self {
+        for program in ["chromium", "chromedriver"] {
+            let found = Command::new(program).arg("--version").output();
+            assert!(
+                found.is_ok_and(|out| out.status.success()),
+                "`{program}` is not installed: the admin page is tested in Debian's headless \
+                 Chromium. Install it with `sudo apt-get install -y chromium chromium-driver` \
+                 (scripts/install-test-deps.sh does)"
+            );
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let started = Instant::now();
+        while TcpStream::connect(addr).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "chromedriver did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self {
+            child,
+            url: format!("http://{addr}"),
+        }
+    }
+
+    /// A headless Chromium session with a fresh profile, no network beyond localhost.
+    async fn browser(&self, profile: &std::path::Path) -> Client {
+        let options = json!({
+            "binary": "/usr/bin/chromium",
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--window-size=1500,1000",
+                format!("--user-data-dir={}", profile.display()),
+            ],
+        });
+        let mut capabilities = serde_json::Map::new();
+        capabilities.insert("goog:chromeOptions".into(), options);
+        ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(capabilities)
+            .connect(&self.url)
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The text of the first element `css` finds, once it equals `want` (up to 10 s).
+async fn text_becomes(browser: &Client, css: &str, want: &str) {
+    let started = Instant::now();
+    loop {
+        let text = match browser.find(Locator::Css(css)).await {
+            Ok(found) => found.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        if text == want {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "`{css}` shows {text:?}, not {want:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn click(browser: &Client, css: &str) {
+    let found = browser.find(Locator::Css(css)).await.unwrap();
+    found.click().await.unwrap();
+}
+
+async fn type_into(browser: &Client, css: &str, text: &str) {
+    let found = browser.find(Locator::Css(css)).await.unwrap();
+    found.send_keys(text).await.unwrap();
+}
+
+async fn attr(browser: &Client, css: &str, name: &str) -> Option<String> {
+    let found = browser.wait().for_element(Locator::Css(css)).await.unwrap();
+    found.attr(name).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_in_headless_chromium_shows_the_table_and_diagram_and_aborts() {
+    let driver = Driver::start();
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::default();
+    let executor = start(dir.path(), &log).await;
+    let [alpha, beta, gamma] = three_jobs(&executor, &log).await;
+    let server = serve(&executor, TOKEN).await;
+    let profile = tempfile::tempdir().unwrap();
+    let browser = driver.browser(profile.path()).await;
+
+    let page = format!(
+        "http://{}/#/procedures/{}",
+        server.local_addr(),
+        alpha.get()
+    );
+    browser.goto(&page).await.unwrap();
+
+    // The table: one row per procedure, the status coloured by its class.
+    let row =
+        |id: ProcedureId, cell: &str| format!("#procedures tr[data-id=\"{}\"] td.{cell}", id.get());
+    text_becomes(&browser, &row(alpha, "status"), "suspended").await;
+    text_becomes(&browser, &row(alpha, "state"), "Wait").await;
+    text_becomes(&browser, &row(alpha, "detail"), "on go-alpha").await;
+    text_becomes(&browser, &row(beta, "status"), "stuck").await;
+    text_becomes(&browser, &row(gamma, "status"), "succeeded").await;
+    text_becomes(&browser, &row(gamma, "machine"), "job").await;
+    let badge = attr(&browser, &format!("{} span", row(beta, "status")), "class").await;
+    assert_eq!(badge.as_deref(), Some("status status-stuck"));
+
+    // The procedure view: its diagram drawn with the current state highlighted.
+    text_becomes(&browser, "#detail-title", &format!("{alpha} job")).await;
+    let current = attr(&browser, "#diagram svg g.state.current", "data-state").await;
+    assert_eq!(current.as_deref(), Some("Wait"));
+    let visited = browser
+        .find_all(Locator::Css("#diagram g.state.visited"))
+        .await
+        .unwrap();
+    let mut names = Vec::new();
+    for state in visited {
+        names.push(state.attr("data-state").await.unwrap().unwrap_or_default());
+    }
+    assert_eq!(names, ["Reserve"]);
+    let fill = browser
+        .execute(
+            "return getComputedStyle(document.querySelector('#diagram g.state.current rect')).fill",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_ne!(
+        fill.as_str(),
+        Some("rgb(255, 255, 255)"),
+        "the current state is not highlighted"
+    );
+    text_becomes(&browser, "#locks .lock-state", "held, for life").await;
+
+    let shot = browser.screenshot().await.unwrap();
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("admin-page.png");
+    std::fs::write(&path, &shot).unwrap();
+    assert!(shot.starts_with(b"\x89PNG"), "not a PNG");
+    eprintln!("screenshot: {}", path.display());
+
+    // Abort without the token is refused, and nothing happens.
+    click(&browser, "#abort").await;
+    let refused = browser
+        .wait()
+        .for_element(Locator::Css("#action-result.error"))
+        .await
+        .unwrap();
+    assert!(
+        refused
+            .text()
+            .await
+            .unwrap()
+            .contains("needs the admin token")
+    );
+    assert!(matches!(
+        executor.state(alpha).unwrap().status,
+        Status::Suspended { .. }
+    ));
+
+    // With it, the click rolls alpha back.
+    type_into(&browser, "#token", TOKEN).await;
+    type_into(&browser, "#reason", "wrong region").await;
+    click(&browser, "#abort").await;
+    text_becomes(&browser, "#action-result", "done for 1 procedure(s)").await;
+    assert!(matches!(
+        executor.wait(alpha).await.unwrap(),
+        Outcome::RolledBack(_)
+    ));
+    assert_eq!(log.count("undo reserve alpha"), 1);
+    text_becomes(&browser, &row(alpha, "status"), "rolled-back").await;
+    text_becomes(
+        &browser,
+        "#history tbody tr:first-child td:last-child",
+        "ended",
+    )
+    .await;
+    let history = browser
+        .find(Locator::Css("#history"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(history.contains("Reserve rollback undone"), "{history}");
+
+    browser.close().await.unwrap();
+    server.shutdown().await.unwrap();
+    executor.shutdown().await.unwrap();
+}
