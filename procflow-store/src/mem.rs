@@ -4,7 +4,10 @@ use std::sync::Mutex;
 
 use crate::error::StoreError;
 use crate::state::State;
-use crate::store::{Batch, BoxFuture, Limits, Loaded, ProcId, Record, RecordInfo, Store};
+use crate::store::{
+    Batch, BoxFuture, Limits, Loaded, ProcId, Record, RecordInfo, Store, with_prefix,
+};
+use std::collections::BTreeMap;
 
 /// An in-memory [`Store`]: nothing survives the process. Use it in tests; it enforces
 /// fencing and can emulate the [`Limits`] of a remote store such as etcd.
@@ -89,6 +92,11 @@ impl Store for MemStore {
     fn list(&self) -> BoxFuture<'_, Result<Vec<RecordInfo>, StoreError>> {
         let list = self.lock().state.list();
         Box::pin(async move { Ok(list) })
+    }
+
+    fn meta(&self, prefix: &str) -> BoxFuture<'_, Result<BTreeMap<String, Vec<u8>>, StoreError>> {
+        let meta = with_prefix(&self.lock().state.meta, prefix);
+        Box::pin(async move { Ok(meta) })
     }
 
     fn limits(&self) -> Limits {

@@ -266,10 +266,31 @@ pub trait Store: Send + Sync + 'static {
     /// Every record's metadata, sorted by id.
     fn list(&self) -> BoxFuture<'_, Result<Vec<RecordInfo>, StoreError>>;
 
+    /// The metadata entries whose keys start with `prefix`, by key: what another process
+    /// may have left for this one (an operator's request on a shared store). The default
+    /// reads everything with [`load`](Self::load); the stores of this crate read only the
+    /// range.
+    fn meta(&self, prefix: &str) -> BoxFuture<'_, Result<BTreeMap<String, Vec<u8>>, StoreError>> {
+        let prefix = prefix.to_owned();
+        Box::pin(async move { Ok(with_prefix(&self.load().await?.meta, &prefix)) })
+    }
+
     /// The limits batches must respect.
     fn limits(&self) -> Limits;
 
     /// Flushes everything and stops accepting writes; later commits fail with
     /// [`StoreError::Closed`].
     fn close(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+}
+
+/// The entries of `meta` whose keys start with `prefix`.
+pub(crate) fn with_prefix(
+    meta: &BTreeMap<String, Vec<u8>>,
+    prefix: &str,
+) -> BTreeMap<String, Vec<u8>> {
+    let range = meta.range(prefix.to_owned()..);
+    range
+        .take_while(|(key, _)| key.starts_with(prefix))
+        .map(|(key, value)| (key.clone(), value.clone()))
+        .collect()
 }

@@ -249,3 +249,66 @@ async fn the_record_at_rest_has_the_history_and_the_path() {
     );
     assert!(diagram.contains("class Done current"), "{diagram}");
 }
+
+/// On etcd, any process may leave a request: the running executor reads it within
+/// `Config::request_poll` and carries it out, without a restart.
+#[cfg(feature = "etcd")]
+mod on_etcd {
+    use super::*;
+    use procflow::executor::Config;
+    use procflow::operator::leave_request;
+    use procflow_store::etcd::{EtcdConfig, EtcdStore, LocalCluster};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_another_process_leaves_in_etcd_is_carried_out_while_running() {
+        let cluster = LocalCluster::start(3).unwrap_or_else(|e| panic!("{e}"));
+        let config = EtcdConfig::new(cluster.endpoints(), "/operator/requests");
+        let store: Arc<dyn Store> = Arc::new(EtcdStore::connect(config.clone()).await.unwrap());
+        let log = Log::default();
+        let executor = Executor::builder_shared(store, Arc::new(log.clone()))
+            .register::<JobState>()
+            .config(Config {
+                request_poll: Some(Duration::from_millis(50)),
+                ..Config::default()
+            })
+            .start()
+            .await
+            .unwrap();
+        let alpha = executor.submit(Job::new("alpha")).await.unwrap();
+        let bravo = executor.submit(Job::new("bravo")).await.unwrap();
+        until(&executor, alpha, suspended).await;
+        until(&executor, bravo, suspended).await;
+
+        // Another connection, as another process has: it shares nothing with the
+        // executor but etcd.
+        let other = EtcdStore::connect(config.clone()).await.unwrap();
+        let abort = Request::new(Action::Abort(alpha.get()), "alice", "wrong table");
+        leave_request(&other, &abort).await.unwrap();
+        log.let_go("bravo");
+        let wake = Request::new(Action::Wake("go-bravo".into()), "bob", "");
+        leave_request(&other, &wake).await.unwrap();
+
+        let rolled_back = tokio::time::timeout(Duration::from_secs(10), executor.wait(alpha));
+        assert_eq!(
+            rolled_back.await.unwrap().unwrap(),
+            Outcome::RolledBack(procflow::Error::fatal("aborted by alice: wrong table"))
+        );
+        let woken = tokio::time::timeout(Duration::from_secs(10), executor.wait(bravo));
+        assert_eq!(woken.await.unwrap().unwrap(), Outcome::Succeeded);
+        assert_eq!(log.count("undo reserve alpha"), 1);
+        assert_eq!(log.count("commit bravo"), 1);
+
+        // Each is deleted once done, and carried out once: later polls find nothing.
+        for _ in 0..200 {
+            if other.meta("procflow/request/").await.unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(other.meta("procflow/request/").await.unwrap().is_empty());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(log.count("undo reserve alpha"), 1);
+        executor.shutdown().await.unwrap();
+        other.close().await.unwrap();
+    }
+}

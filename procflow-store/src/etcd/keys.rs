@@ -48,6 +48,11 @@ impl Keys {
         range(format!("{}/m/", self.prefix))
     }
 
+    /// `[start, end)` of the metadata keys that start with `prefix`.
+    pub(crate) fn metas_with_prefix(&self, prefix: &str) -> (Vec<u8>, Vec<u8>) {
+        range(format!("{}/m/{prefix}", self.prefix))
+    }
+
     /// The id in a record key.
     pub(crate) fn record_id(&self, key: &[u8]) -> Option<ProcId> {
         let (start, _) = self.records();
@@ -64,7 +69,8 @@ impl Keys {
     }
 }
 
-/// Every key starting with `start`: its last byte is `/`, and `0` follows `/`.
+/// Every key starting with `start`: raising its last byte gives the first key past them
+/// (a string's last byte is never 0xff, which UTF-8 does not use).
 fn range(start: String) -> (Vec<u8>, Vec<u8>) {
     let mut end = start.clone().into_bytes();
     if let Some(last) = end.last_mut() {
@@ -93,5 +99,12 @@ mod tests {
         let meta = keys.meta("a");
         assert!(!(start.as_slice()..end.as_slice()).contains(&meta.as_slice()));
         assert_eq!(keys.leader(), b"/app/leader");
+        let (start, end) = keys.metas_with_prefix("procflow/request/");
+        let inside = keys.meta("procflow/request/0001");
+        assert!((start.as_slice()..end.as_slice()).contains(&inside.as_slice()));
+        for outside in ["procflow/requests", "procflow/machine/x", "next_id"] {
+            let outside = keys.meta(outside);
+            assert!(!(start.as_slice()..end.as_slice()).contains(&outside.as_slice()));
+        }
     }
 }

@@ -44,7 +44,7 @@ pub use cluster::{ClusterError, LocalCluster};
 /// ([`EtcdStore::client`]).
 pub use etcd_client;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::io;
 use std::path::PathBuf;
@@ -500,6 +500,25 @@ impl Store for EtcdStore {
                     value_len: r.value.len(),
                 })
                 .collect())
+        })
+    }
+
+    fn meta(&self, prefix: &str) -> BoxFuture<'_, Result<BTreeMap<String, Vec<u8>>, StoreError>> {
+        let range = self.shared.keys.metas_with_prefix(prefix);
+        Box::pin(async move {
+            let shared = &self.shared;
+            let mut meta = BTreeMap::new();
+            shared
+                .scan(range, &mut 0, |kv| {
+                    let key = shared
+                        .keys
+                        .meta_key(kv.key())
+                        .ok_or_else(|| shared.corrupt(kv.key(), "not a metadata key"))?;
+                    meta.insert(key, kv.into_key_value().1);
+                    Ok(())
+                })
+                .await?;
+            Ok(meta)
         })
     }
 

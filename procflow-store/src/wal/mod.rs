@@ -27,7 +27,10 @@ use self::writer::Writer;
 use crate::error::StoreError;
 use crate::io::{DirLock, FsBackend, IoBackend};
 use crate::state::State;
-use crate::store::{Batch, BoxFuture, Limits, Loaded, ProcId, Record, RecordInfo, Store};
+use crate::store::{
+    Batch, BoxFuture, Limits, Loaded, ProcId, Record, RecordInfo, Store, with_prefix,
+};
+use std::collections::BTreeMap;
 
 /// A [`Store`] that appends every batch as one checksummed record to a log of segment
 /// files in a directory, keeps the whole state in memory, and replays the log at open.
@@ -422,6 +425,13 @@ impl Store for WalStore {
 
     fn list(&self) -> BoxFuture<'_, Result<Vec<RecordInfo>, StoreError>> {
         blocking(&self.inner, |inner| Ok(inner.lock_log().state.list()))
+    }
+
+    fn meta(&self, prefix: &str) -> BoxFuture<'_, Result<BTreeMap<String, Vec<u8>>, StoreError>> {
+        let prefix = prefix.to_owned();
+        blocking(&self.inner, move |inner| {
+            Ok(with_prefix(&inner.lock_log().state.meta, &prefix))
+        })
     }
 
     fn limits(&self) -> Limits {

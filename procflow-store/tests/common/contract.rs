@@ -110,6 +110,22 @@ pub async fn meta(store: &dyn Store) {
         .unwrap();
     let loaded = store.load().await.unwrap();
     assert_eq!(loaded.meta, BTreeMap::from([("hwm".to_string(), vec![1])]));
+
+    // A prefix read sees its range only, and what was just committed.
+    let batch = Batch::new()
+        .put_meta("req/1", vec![3])
+        .put_meta("req/2", vec![4])
+        .put_meta("req", vec![5])
+        .put_meta("reqs/x", vec![6]);
+    store.commit(batch).await.unwrap();
+    let requests = store.meta("req/").await.unwrap();
+    let expected = [
+        ("req/1".to_string(), vec![3]),
+        ("req/2".to_string(), vec![4]),
+    ];
+    assert_eq!(requests, BTreeMap::from(expected));
+    assert_eq!(store.meta("").await.unwrap().len(), 5);
+    assert!(store.meta("zzz").await.unwrap().is_empty());
 }
 
 pub async fn unknown_finish_rejects_whole_batch(store: &dyn Store) {

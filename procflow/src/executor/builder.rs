@@ -195,10 +195,12 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             fencing_token: self.fencing_token,
             writes: AtomicU64::new(0),
             tasks: TaskTracker::new(),
+            requests_seen: std::sync::Mutex::default(),
         });
         resume(&inner, &loaded, &self.aborted);
         let cleaner = Arc::clone(&inner);
         inner.tasks.spawn(cleanup::run(cleaner));
+        inner.tasks.spawn(requests::poll(Arc::clone(&inner)));
         Ok(Executor { inner })
     }
 }

@@ -43,6 +43,13 @@ pub struct Config {
     /// record counts the ones it dropped). Each entry adds about 15 bytes to every write
     /// of the procedure; 0 keeps none. Default: 32.
     pub history: usize,
+    /// How often the store is read for operator requests another process left in it
+    /// ([`leave_request`](crate::operator::leave_request): a tool or service sharing an
+    /// etcd store); `None` never reads them while running. Requests through
+    /// [`Executor::request`](super::Executor::request), and those found at start, do not
+    /// wait for it. A WAL store is locked by its executor, so nothing else writes there;
+    /// reading its few request keys costs next to nothing. Default: 1 s.
+    pub request_poll: Option<Duration>,
 }
 
 impl Default for Config {
@@ -59,6 +66,7 @@ impl Default for Config {
             retention: Duration::from_secs(15 * 60),
             cleanup_interval: Duration::from_secs(10),
             history: 32,
+            request_poll: Some(Duration::from_secs(1)),
         }
     }
 }

@@ -85,6 +85,10 @@ pub(crate) struct Inner<E> {
     pub(crate) fencing_token: Option<u64>,
     pub(crate) writes: AtomicU64,
     pub(crate) tasks: TaskTracker,
+    /// Keys of operator requests this executor has in hand (`false`: being carried out,
+    /// or unreadable) or has concluded (`true`) while a poll may still read them from
+    /// before their delete: the poll for requests left by other processes skips them.
+    pub(crate) requests_seen: Mutex<HashMap<String, bool>>,
 }
 
 /// Every procedure the executor knows, live or finished (until retention removes it).
@@ -155,6 +159,11 @@ impl Table {
 }
 
 impl<E> Inner<E> {
+    /// See [`Inner::requests_seen`].
+    pub(crate) fn requests_seen(&self) -> MutexGuard<'_, HashMap<String, bool>> {
+        self.requests_seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(crate) fn table(&self) -> MutexGuard<'_, Table> {
         // A panic while holding the lock cannot leave the table half-updated in a way that
         // matters more than stopping every procedure would.

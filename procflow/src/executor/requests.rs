@@ -6,7 +6,7 @@ use super::Executor;
 use super::error::ExecutorError;
 use super::hooks::WriteKind;
 use super::inner::{Inner, Settled};
-use crate::operator::requests::{self, Action, Request};
+use crate::operator::requests::{self, Action, REQUEST_PREFIX, Request};
 use crate::{Error, ProcedureId};
 use procflow_store::Batch;
 use std::collections::BTreeMap;
@@ -87,9 +87,13 @@ impl<E: Send + Sync + 'static> Executor<E> {
         let key = request.new_key();
         let target = request.target().map_or(0, ProcedureId::get);
         let stored = Batch::new().put_meta(key.clone(), request.encode());
-        self.inner
-            .commit(target, WriteKind::Request, stored)
-            .await?;
+        // Seen before it is stored: the poll must not hand it over a second time.
+        self.inner.requests_seen().insert(key.clone(), false);
+        let committed = self.inner.commit(target, WriteKind::Request, stored).await;
+        if let Err(error) = committed {
+            self.inner.requests_seen().remove(&key);
+            return Err(error);
+        }
         // Carried out by a task of the executor: a dropped caller does not cancel it.
         let (reply, done) = oneshot::channel();
         let inner = Arc::clone(&self.inner);
@@ -100,14 +104,48 @@ impl<E: Send + Sync + 'static> Executor<E> {
     }
 }
 
-/// Carries out every request left in the store. Called at start after every procedure
-/// is in the table and before any task runs: a bypassed procedure must not run a step
-/// first.
+/// Runs until the executor stops: every `Config::request_poll`, carries out the requests
+/// another process left in the store since the last look.
+pub(super) async fn poll<E: Send + Sync + 'static>(inner: Arc<Inner<E>>) {
+    let Some(every) = inner.config.request_poll else {
+        return;
+    };
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = inner.stopping() => return,
+        }
+        match inner.store.meta(REQUEST_PREFIX).await {
+            Ok(meta) => {
+                // A concluded request is forgotten once a read no longer finds it: a read
+                // from before its delete must not carry it out again.
+                let mut seen = inner.requests_seen();
+                seen.retain(|key, concluded| !*concluded || meta.contains_key(key));
+                drop(seen);
+                carry_out_stored(&inner, &meta);
+            }
+            Err(error) => {
+                tracing::warn!(%error, "operator requests could not be read; trying again")
+            }
+        }
+    }
+}
+
+/// Carries out every request left in the store that is not in hand already. Called at
+/// start after every procedure is in the table and before any task runs (a bypassed
+/// procedure must not run a step first), then by [`poll`].
 pub(super) fn carry_out_stored<E: Send + Sync + 'static>(
     inner: &Arc<Inner<E>>,
     meta: &BTreeMap<String, Vec<u8>>,
 ) {
     for (key, request) in requests::stored(meta) {
+        if inner
+            .requests_seen()
+            .insert(key.to_owned(), false)
+            .is_some()
+        {
+            continue;
+        }
         let request = match request {
             Ok(request) => request,
             Err(reason) => {
@@ -169,8 +207,26 @@ fn hand_to_procedures<E>(inner: &Inner<E>, request: &Request) -> Pending {
     }
 }
 
-/// Waits until the procedures acted, then deletes the stored request.
+/// Waits until the procedures acted, then deletes the stored request. Concluded, it
+/// stays seen until a poll no longer reads it; failed, it is forgotten (the executor
+/// stops, or a later poll carries it out again).
 async fn conclude<E: Send + Sync + 'static>(
+    inner: &Arc<Inner<E>>,
+    key: String,
+    request: Request,
+    pending: Pending,
+) -> Result<Handled, ExecutorError> {
+    let concluded = settle_and_delete(inner, key.clone(), request, pending).await;
+    let mut seen = inner.requests_seen();
+    if concluded.is_ok() {
+        seen.insert(key, true);
+    } else {
+        seen.remove(&key);
+    }
+    concluded
+}
+
+async fn settle_and_delete<E: Send + Sync + 'static>(
     inner: &Arc<Inner<E>>,
     key: String,
     request: Request,
