@@ -7,7 +7,7 @@ mod common;
 use common::ops::{Job, Log, serve, start, three_jobs, until};
 use fantoccini::{Client, ClientBuilder, Locator};
 use procflow::ProcedureId;
-use procflow::executor::{Executor, Outcome, Status};
+use procflow::executor::{Outcome, Status};
 use procflow::operator::Catalog;
 use serde_json::{Value, json};
 use std::net::{SocketAddr, TcpListener, TcpStream};
