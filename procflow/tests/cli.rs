@@ -101,6 +101,11 @@ async fn cli_reads_a_live_store_and_bypasses_a_stuck_procedure_on_a_stopped_one(
         ok && table.starts_with("ID") && table.contains("stuck"),
         "{table}"
     );
+    let (ok, shown, _) = procflow(&["show", "1"], store);
+    assert!(
+        ok && shown.contains("\n  #1 job ") && !shown.contains("##"),
+        "{shown}"
+    );
 
     // A write needs the store stopped: the running executor holds it.
     let (ok, _, stderr) = procflow(&["bypass", "1", "--reason", "fixed by hand"], store);

@@ -31,7 +31,7 @@ pub fn list(records: &[&ProcedureRecord], json: bool) {
 
 pub fn unreadable(unreadable: &[(ProcedureId, String)]) {
     for (id, reason) in unreadable {
-        eprintln!("procedure #{id} cannot be read: {reason}");
+        eprintln!("procedure {id} cannot be read: {reason}");
     }
 }
 
@@ -96,7 +96,7 @@ pub fn show(catalog: &Catalog, record: &ProcedureRecord, json: bool) {
 /// The procedure and its descendants, indented.
 fn tree(catalog: &Catalog, record: &ProcedureRecord, depth: usize) {
     println!(
-        "{:indent$}#{} {} {} ({})",
+        "{:indent$}{} {} {} ({})",
         "",
         record.id,
         record.machine,
@@ -173,7 +173,7 @@ fn waiting(waiting: &Waiting) -> String {
     match waiting {
         Waiting::Nothing => "nothing".to_owned(),
         Waiting::Children(ids) => {
-            let ids: Vec<String> = ids.iter().map(|id| format!("#{id}")).collect();
+            let ids: Vec<String> = ids.iter().map(|id| id.to_string()).collect();
             format!("children {}", ids.join(" "))
         }
         Waiting::Event { event, until } => match until {
