@@ -99,6 +99,8 @@
 //! - [`mod@diagram`]: a Mermaid picture of a machine.
 //! - [`operator`]: what operators see and do — readable records, diagrams with a
 //!   procedure's path, durable abort/wake/bypass requests.
+//! - `admin` (feature `admin`): the admin API and page of a running executor. The
+//!   `procflow` binary (feature `cli`) shows and acts on a store or an admin API.
 
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
