@@ -26,6 +26,8 @@
 //! with records of a step's size. `-- --cell single:R` runs workload 1 alone, interleaved
 //! in R rounds over the cell's time. `-- --cell restart:N` builds workload 6's log of N
 //! procedures, then restarts on it five times (page cache warm), each in a fresh process.
+//! `-- --history N` runs every workload with `Config::history = N` (default 32), to
+//! measure what the step history costs.
 //!
 //! `-- --etcd` runs workload 8 alone (`compare/etcd.rs`, quick unless `--full`): the
 //! executor on a local 3-member etcd at 1/16/256 clients against one client's loop of the
@@ -277,9 +279,10 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
 fn header(plan: &Plan, dir: &Path) {
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
     println!(
-        "procflow compare: {} mode, {} ms per cell, {cores} cores, ten-step machine, {STATE_BYTES} B state",
+        "procflow compare: {} mode, {} ms per cell, {cores} cores, ten-step machine, {STATE_BYTES} B state, {} history entries kept per record",
         if plan.quick { "quick" } else { "full" },
         plan.cell.as_millis(),
+        drive::config().history,
     );
     match raw::file_system(dir) {
         Some((mount, kind, source)) => {
@@ -307,6 +310,7 @@ fn record_size(runtime: &Runtime, base: &Path) -> usize {
     runtime.block_on(async {
         let executor = Executor::builder(store, ())
             .register::<TenSteps>()
+            .config(drive::config())
             .start()
             .await
             .expect("start the executor");

@@ -3,7 +3,7 @@
 //! hand, persisting each step as a user without procflow would.
 
 use crate::machine::{Payload, STEPS, TenSteps, drive, encode};
-use procflow::executor::{Executor, Outcome};
+use procflow::executor::{Config, Executor, Outcome};
 use procflow::store::Store;
 use procflow::{Context, ProcedureId, StateMachine};
 use std::future::Future;
@@ -111,10 +111,26 @@ pub async fn executor_closed_loop(
     (rate, executor)
 }
 
+/// The executor's settings in every workload: the defaults, but for `-- --history N`,
+/// the step-history entries each record keeps (to measure what the history costs).
+pub fn config() -> Config {
+    let args: Vec<String> = std::env::args().collect();
+    let history = args.iter().position(|arg| arg == "--history").map(|at| {
+        let value = args.get(at + 1).and_then(|n| n.parse().ok());
+        value.expect("--history N: the entries each record keeps")
+    });
+    let default = Config::default();
+    Config {
+        history: history.unwrap_or(default.history),
+        ..default
+    }
+}
+
 /// An executor on `store` that runs the ten-step machine.
 pub async fn start_executor(store: Arc<dyn Store>) -> Executor<()> {
     Executor::builder(store, ())
         .register::<TenSteps>()
+        .config(config())
         .start()
         .await
         .expect("start the executor")

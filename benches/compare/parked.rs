@@ -108,7 +108,7 @@ pub fn config(procedures: u64) -> Config {
         max_running: usize::try_from(procedures).unwrap_or(usize::MAX).max(1) + 4096,
         retention: Duration::ZERO,
         cleanup_interval: Duration::from_millis(500),
-        ..Config::default()
+        ..crate::drive::config()
     }
 }
 

@@ -139,6 +139,7 @@ fn load_in_child(dir: &Path, n: u64) -> (Duration, Duration, usize, u64) {
         .arg(CHILD_FLAG)
         .arg(dir)
         .arg(n.to_string())
+        .args(["--history", &crate::drive::config().history.to_string()])
         .stderr(std::process::Stdio::inherit())
         .output()
         .expect("start the restarting process");
