@@ -18,6 +18,7 @@ use crate::codec::CodecError;
 use crate::locks::{Hold, Lock, Locks};
 use crate::operator::history::{History, Mark, StepKind, StepOutcome};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 
 /// The version byte that starts every envelope. Version 1 (no update time, locks,
 /// trouble, requests or history) is still read.
@@ -96,7 +97,16 @@ pub(crate) struct Envelope {
     pub(crate) trouble: Option<Trouble>,
     /// Set when an operator bypassed it (it is then finished).
     pub(crate) bypass: Option<BypassMark>,
+    /// The last field, and the one serialization leaves out: [`Envelope::encode`]
+    /// appends it from the encoding the history keeps (see [`History::write_to`]).
+    #[serde(serialize_with = "appended_by_encode")]
     pub(crate) history: History,
+}
+
+/// Writes nothing (postcard writes no bytes for a unit): `encode_as_is` appends the
+/// history after the other fields.
+fn appended_by_encode<S: serde::Serializer>(_: &History, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_unit()
 }
 
 /// Envelope version 1, as stores written before version 2 hold it.
@@ -147,9 +157,15 @@ impl Envelope {
     }
 
     /// Appends an entry to the history, keeping the newest `keep`.
-    pub(crate) fn note(&mut self, state: &str, kind: StepKind, outcome: StepOutcome, keep: usize) {
+    pub(crate) fn note(
+        &mut self,
+        state: &'static str,
+        kind: StepKind,
+        outcome: StepOutcome,
+        keep: usize,
+    ) {
         let mark = Mark {
-            state: state.to_owned(),
+            state: Cow::Borrowed(state),
             kind,
             after_ms: now_ms().saturating_sub(self.submitted_ms),
             outcome,
@@ -158,7 +174,7 @@ impl Envelope {
     }
 
     /// Marks the procedure bypassed and finished, without running anything.
-    pub(crate) fn bypass(&mut self, state: &str, by: &str, reason: &str, keep: usize) {
+    pub(crate) fn bypass(&mut self, state: &'static str, by: &str, reason: &str, keep: usize) {
         let now = now_ms();
         let outcome = StepOutcome::Bypassed {
             by: by.to_owned(),
@@ -189,12 +205,15 @@ impl Envelope {
         &self,
         encode_snapshot: impl FnOnce(Vec<u8>) -> Result<Vec<u8>, CodecError>,
     ) -> Result<Vec<u8>, CodecError> {
-        let out = postcard::to_extend(self, Vec::with_capacity(128)).map_err(|source| {
-            CodecError::Encode {
-                machine: "(envelope)",
-                source,
-            }
-        })?;
+        let failed = |source| CodecError::Encode {
+            machine: "(envelope)",
+            source,
+        };
+        // Room for the fields, the history and a small snapshot: one allocation for most
+        // records instead of a buffer that grows several times.
+        let room = 256 + self.history.encoded_len();
+        let out = postcard::to_extend(self, Vec::with_capacity(room)).map_err(failed)?;
+        let out = self.history.write_to(out).map_err(failed)?;
         encode_snapshot(out)
     }
 

@@ -6,6 +6,8 @@
 //! written by variant index: variants are only ever appended.
 
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
+use std::collections::VecDeque;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Who ran an entry of the history.
@@ -73,7 +75,9 @@ pub struct HistoryEntry {
 /// two or three bytes instead of six.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Mark {
-    pub(crate) state: String,
+    /// The state's name: borrowed from the machine when the executor notes it (no
+    /// allocation per step), owned when read back.
+    pub(crate) state: Cow<'static, str>,
     pub(crate) kind: StepKind,
     /// Milliseconds after the procedure's submit.
     pub(crate) after_ms: u64,
@@ -82,21 +86,76 @@ pub(crate) struct Mark {
 
 /// The newest entries of a procedure's history, oldest first, and how many older ones
 /// were dropped to keep the record small.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Every write of the procedure stores the whole history, so the history keeps its
+/// entries encoded as well ([`write_to`](Self::write_to) appends those bytes): a write
+/// then costs a copy of the history, not an encoding of each entry.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub(crate) struct History {
     pub(crate) marks: Vec<Mark>,
     pub(crate) dropped: u64,
+    #[serde(skip)]
+    encoded: Encoded,
 }
+
+/// `marks` as postcard writes them, one after the other, and each one's length. Not
+/// valid after a decode until the next push rebuilds it (a procedure read at start and
+/// never run again is not encoded again).
+#[derive(Clone, Debug, Default)]
+struct Encoded {
+    bytes: Vec<u8>,
+    lens: VecDeque<usize>,
+    valid: bool,
+}
+
+impl PartialEq for History {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.marks, self.dropped) == (&other.marks, other.dropped)
+    }
+}
+
+impl Eq for History {}
 
 impl History {
     /// Appends an entry, dropping the oldest ones beyond `keep` (0 keeps none).
     pub(crate) fn push(&mut self, mark: Mark, keep: usize) {
+        if !self.encoded.valid {
+            self.encoded = Encoded::default();
+            self.encoded.valid = self.marks.iter().all(|m| self.encoded.append(m));
+        }
+        if self.encoded.valid {
+            self.encoded.valid = self.encoded.append(&mark);
+        }
         self.marks.push(mark);
         if self.marks.len() > keep {
             let excess = self.marks.len() - keep;
             self.marks.drain(..excess);
             self.dropped += excess as u64;
+            let gone: usize = self
+                .encoded
+                .lens
+                .drain(..excess.min(self.encoded.lens.len()))
+                .sum();
+            self.encoded
+                .bytes
+                .drain(..gone.min(self.encoded.bytes.len()));
         }
+    }
+
+    /// Appends the history's postcard encoding to `out`: the same bytes as serializing
+    /// it, from the kept encoding when it is valid.
+    pub(crate) fn write_to(&self, out: Vec<u8>) -> postcard::Result<Vec<u8>> {
+        if !self.encoded.valid {
+            return postcard::to_extend(self, out);
+        }
+        let mut out = postcard::to_extend(&self.marks.len(), out)?;
+        out.extend_from_slice(&self.encoded.bytes);
+        postcard::to_extend(&self.dropped, out)
+    }
+
+    /// How many bytes [`write_to`](Self::write_to) appends, about.
+    pub(crate) fn encoded_len(&self) -> usize {
+        self.encoded.bytes.len() + 12
     }
 
     /// The entries with absolute times, given the submit time.
@@ -104,12 +163,28 @@ impl History {
         self.marks
             .iter()
             .map(|mark| HistoryEntry {
-                state: mark.state.clone(),
+                state: mark.state.clone().into_owned(),
                 kind: mark.kind,
                 at: time_of(submitted_ms.saturating_add(mark.after_ms)),
                 outcome: mark.outcome.clone(),
             })
             .collect()
+    }
+}
+
+impl Encoded {
+    /// Encodes `mark` at the end; false if it cannot be (then the kept encoding is not
+    /// used).
+    fn append(&mut self, mark: &Mark) -> bool {
+        let before = self.bytes.len();
+        match postcard::to_extend(mark, std::mem::take(&mut self.bytes)) {
+            Ok(bytes) => {
+                self.bytes = bytes;
+                self.lens.push_back(self.bytes.len() - before);
+                true
+            }
+            Err(_) => false,
+        }
     }
 }
 
@@ -124,7 +199,7 @@ mod tests {
 
     fn mark(n: u64) -> Mark {
         Mark {
-            state: format!("S{n}"),
+            state: format!("S{n}").into(),
             kind: StepKind::Execute,
             after_ms: n,
             outcome: StepOutcome::Moved,
@@ -137,7 +212,7 @@ mod tests {
         for n in 0..5 {
             history.push(mark(n), 3);
         }
-        let states: Vec<_> = history.marks.iter().map(|m| m.state.as_str()).collect();
+        let states: Vec<_> = history.marks.iter().map(|m| m.state.as_ref()).collect();
         assert_eq!(states, ["S2", "S3", "S4"]);
         assert_eq!(history.dropped, 2);
         let entries = history.entries(1_000);
@@ -147,5 +222,46 @@ mod tests {
         none.push(mark(1), 0);
         assert!(none.marks.is_empty());
         assert_eq!(none.dropped, 1);
+    }
+
+    /// The kept encoding writes the bytes serde would, whatever was pushed and dropped,
+    /// and after a decode (when it is rebuilt at the next push).
+    #[test]
+    fn the_kept_encoding_is_the_serialized_form() {
+        let outcomes = [
+            StepOutcome::Moved,
+            StepOutcome::Suspended("go".into()),
+            StepOutcome::Retried("boom".into()),
+            StepOutcome::Bypassed {
+                by: "alice".into(),
+                reason: "by hand".into(),
+            },
+        ];
+        let mut history = History::default();
+        for n in 0..40u64 {
+            let mut mark = mark(n * 1000);
+            mark.outcome = outcomes[usize::try_from(n).unwrap() % outcomes.len()].clone();
+            history.push(mark, 7);
+            let kept = history.write_to(vec![9]).unwrap();
+            assert_eq!(
+                kept,
+                postcard::to_extend(&history, vec![9]).unwrap(),
+                "after {n}"
+            );
+        }
+        let decoded: History =
+            postcard::from_bytes(&postcard::to_stdvec(&history).unwrap()).unwrap();
+        assert_eq!(decoded, history);
+        let mut decoded = decoded;
+        assert_eq!(
+            decoded.write_to(Vec::new()).unwrap(),
+            postcard::to_stdvec(&history).unwrap()
+        );
+        decoded.push(mark(99), 7);
+        history.push(mark(99), 7);
+        assert_eq!(
+            decoded.write_to(Vec::new()).unwrap(),
+            postcard::to_stdvec(&history).unwrap()
+        );
     }
 }

@@ -351,7 +351,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
     }
 
     /// Appends an entry to the stored history (written with the next write).
-    fn note(&mut self, state: &str, kind: StepKind, outcome: StepOutcome) {
+    fn note(&mut self, state: &'static str, kind: StepKind, outcome: StepOutcome) {
         let keep = self.inner.config.history;
         self.envelope.note(state, kind, outcome, keep);
     }
