@@ -119,6 +119,13 @@ impl Eq for History {}
 impl History {
     /// Appends an entry, dropping the oldest ones beyond `keep` (0 keeps none).
     pub(crate) fn push(&mut self, mark: Mark, keep: usize) {
+        if keep == 0 {
+            // Nothing is kept (`Config::history: 0`): nothing to encode either.
+            self.dropped += self.marks.len() as u64 + 1;
+            self.marks.clear();
+            self.encoded = Encoded::default();
+            return;
+        }
         if !self.encoded.valid {
             self.encoded = Encoded::default();
             self.encoded.valid = self.marks.iter().all(|m| self.encoded.append(m));
