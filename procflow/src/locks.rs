@@ -16,10 +16,10 @@
 //! Prefixes are taken segment by segment: `ns/t1` is above `ns/t1/r7`, not above
 //! `ns/t10`.
 //!
-//! The executor keeps the locks of all running procedures in one table. A procedure
+//! The executor keeps the locks of all live procedures in one table. A procedure
 //! gets its whole declared set at once or waits holding none of it, so two procedures
-//! never each hold half of what the other needs; waiting parks the procedure's task, not
-//! a worker thread; requests on a key are served first come, first served, so a writer
+//! never each hold half of what the other needs; a waiting procedure is dormant (no task,
+//! no worker) until its grant rouses it; requests on a key are served first come, first served, so a writer
 //! is not starved by a stream of readers; and a child procedure may use the locks its
 //! parent holds (it runs on the parent's behalf) instead of deadlocking on them.
 //!
@@ -50,9 +50,11 @@
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
+#[cfg(test)]
 use std::future::Future;
 use std::ops::Bound;
 use std::sync::{Mutex, MutexGuard, PoisonError};
+#[cfg(test)]
 use tokio::sync::oneshot;
 
 /// How a [`Lock`] shares its key with other procedures.
@@ -566,6 +568,10 @@ impl LockTable {
     /// This method is cancel safe. If the future is dropped before it completes, the
     /// request leaves the queue (requests behind it are granted if they now can) and
     /// nothing is granted to `owner`; a grant that raced with the drop is undone.
+    ///
+    /// The executor does not wait in a task: it parks the procedure and
+    /// [`request`](Self::request)s with a callback. This future serves the tests.
+    #[cfg(test)]
     pub(crate) fn acquire<'a>(
         &'a self,
         owner: u64,
@@ -614,10 +620,6 @@ impl LockTable {
     /// [`withdraw`](Self::withdraw) that granted the request, so it should be quick (wake
     /// the procedure, do not run it) and must not panic: the requests granted after it in
     /// the same call would not be told.
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "for the dormant executor, which parks procedures")
-    )]
     pub(crate) fn request(
         &self,
         owner: u64,
@@ -649,10 +651,6 @@ impl LockTable {
 
     /// Whether request `ticket` still waits in the queue (false once granted, possibly
     /// before its callback has run, or withdrawn).
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "for the dormant executor, which parks procedures")
-    )]
     pub(crate) fn is_waiting(&self, ticket: u64) -> bool {
         self.state().waiting.iter().any(|w| w.ticket == ticket)
     }
@@ -751,12 +749,14 @@ impl LockTable {
 }
 
 /// Withdraws the request of an [`LockTable::acquire`] future dropped while waiting.
+#[cfg(test)]
 struct CancelGuard<'a> {
     table: &'a LockTable,
     ticket: u64,
     armed: bool,
 }
 
+#[cfg(test)]
 impl Drop for CancelGuard<'_> {
     fn drop(&mut self) {
         if self.armed {

@@ -535,8 +535,23 @@ async fn queue_full_is_an_error_not_memory(store: TestStore) {
         },
     )
     .await;
+    // Suspended procedures are dormant: they hold no running slot and do not count.
+    for _ in 0..3 {
+        let dormant = executor
+            .submit(Counter {
+                suspend_at: Some(1),
+                ..Counter::named("dormant")
+            })
+            .await
+            .unwrap();
+        let mut info = executor.subscribe(dormant).unwrap();
+        info.wait_for(|i| matches!(i.status, Status::Suspended { .. }))
+            .await
+            .unwrap();
+    }
+    // One running (in a slow step, holding the only slot), one queued for it.
     let slow = || Counter {
-        suspend_at: Some(1),
+        slow_ms: 500,
         ..Counter::named("slow")
     };
     let a = executor.submit(slow()).await.unwrap();
@@ -546,7 +561,6 @@ async fn queue_full_is_an_error_not_memory(store: TestStore) {
         other => panic!("expected QueueFull, got {other:?}"),
     }
     // Room again once one ends.
-    executor.abort(a).unwrap();
     executor.wait(a).await.unwrap();
     executor.submit(slow()).await.unwrap();
 }
@@ -562,18 +576,17 @@ async fn abort_of_a_queued_procedure_does_not_wait_for_a_slot(store: TestStore) 
         },
     )
     .await;
-    // `held` takes the only running slot and keeps it: suspended, nobody wakes it.
+    // `held` takes the only running slot and keeps it: its first step runs a minute.
     let held = executor
         .submit(Counter {
-            suspend_at: Some(1),
+            slow_ms: 60_000,
             ..Counter::named("held")
         })
         .await
         .unwrap();
-    let mut info = executor.subscribe(held).unwrap();
-    info.wait_for(|i| matches!(i.status, Status::Suspended { .. }))
-        .await
-        .unwrap();
+    while ledger.count("held execute 1") == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let queued = executor.submit(Counter::named("queued")).await.unwrap();
     executor.abort(queued).unwrap();
     let outcome = tokio::time::timeout(Duration::from_secs(10), executor.wait(queued))
@@ -582,10 +595,13 @@ async fn abort_of_a_queued_procedure_does_not_wait_for_a_slot(store: TestStore) 
         .unwrap();
     assert!(matches!(outcome, Outcome::RolledBack(_)), "{outcome:?}");
     assert_eq!(ledger.count("queued execute 1"), 0, "it never ran");
-    assert!(matches!(
-        executor.state(held).unwrap().status,
-        Status::Suspended { .. }
-    ));
+    assert_eq!(
+        executor.state(held).unwrap().steps,
+        0,
+        "still in its first step"
+    );
+    // The step in flight is not waited for: the test ends here.
+    executor.kill();
 }
 
 async fn shutdown_finishes_the_step_in_flight_and_resumes_later(store: TestStore) {

@@ -455,18 +455,23 @@ async fn p03_deadline_ends_a_procedure_queued_for_a_running_slot() {
         .start()
         .await
         .unwrap();
+    // `busy` holds the only running slot: its first step runs a minute. (A suspended
+    // procedure would not: it is dormant, without a slot.)
     let busy = Counter {
-        suspend_at: Some(1),
+        slow_ms: 60_000,
         ..Counter::named("busy")
     };
-    let busy = executor.submit(busy).await.unwrap();
-    status_is(&executor, busy, |s| matches!(s, Status::Suspended { .. })).await;
+    executor.submit(busy).await.unwrap();
+    while ledger.count("busy execute 1") == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let queued = executor
         .submit_with(Counter::named("queued"), within(200))
         .await
         .unwrap();
     times_out(&executor, queued).await;
     assert_eq!(ledger.count("queued execute 1"), 0, "it never ran");
+    executor.kill(); // The step in flight is not waited for.
 }
 
 // ---------------------------------------------------------------------------------------

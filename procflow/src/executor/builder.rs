@@ -12,6 +12,7 @@ use super::record::{Envelope, FENCE_KEY, NEXT_ID_KEY, NONCE_PREFIX};
 use super::requests;
 use super::runner::{self, Launch};
 use super::status::Unloadable;
+use super::timers;
 use super::wakes::WakeLog;
 use crate::locks::Hold;
 use crate::locks::LockTable;
@@ -196,11 +197,16 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             writes: AtomicU64::new(0),
             tasks: TaskTracker::new(),
             requests_seen: std::sync::Mutex::default(),
+            timers: Arc::default(),
         });
         resume(&inner, &loaded, &self.aborted);
         let cleaner = Arc::clone(&inner);
         inner.tasks.spawn(cleanup::run(cleaner));
         inner.tasks.spawn(requests::poll(Arc::clone(&inner)));
+        inner.tasks.spawn(timers::run(
+            Arc::clone(&inner.timers),
+            Arc::downgrade(&inner),
+        ));
         Ok(Executor { inner })
     }
 }

@@ -20,12 +20,17 @@ pub struct Config {
     /// How many steps may execute at the same moment. Procedures waiting (for children,
     /// an event, a timer, a lock or a retry) hold no worker. Default: 16.
     pub workers: usize,
-    /// How many procedures may be live (submitted and not finished) at once, children
-    /// included. Submits beyond it wait in the queue. Default: 10 000.
+    /// How many root procedures may run at once. A procedure that waits — for an event,
+    /// its children, a lock, a retry's backoff or a timeout — is dormant: it has no task
+    /// and gives its slot back (keeping its locks), so a million waiting procedures do
+    /// not keep new ones from running. Once it can go on it queues for a slot again, first
+    /// come, first served with new submits. Children take no slot: they run on their
+    /// root's behalf. Default: 10 000.
     pub max_running: usize,
-    /// How many submitted procedures may wait for a running slot; a submit beyond it
-    /// fails with [`SubmitError::QueueFull`](crate::executor::SubmitError::QueueFull).
-    /// Default: 100 000.
+    /// How many root procedures may wait for a running slot (submitted, or roused from
+    /// dormancy); a submit beyond it fails with
+    /// [`SubmitError::QueueFull`](crate::executor::SubmitError::QueueFull). Dormant
+    /// procedures do not count. Default: 100 000.
     pub queue_capacity: usize,
     /// Retries of a step that failed with a retryable error (and of any step past a point
     /// of no return). Default: [`RetryPolicy::default`].

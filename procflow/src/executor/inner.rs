@@ -6,6 +6,7 @@ use super::error::ExecutorError;
 use super::hooks::{KillHook, StoreWrite, WriteKind, WritePoint};
 use super::record::NEXT_ID_KEY;
 use super::status::{ProcedureInfo, Unloadable};
+use super::timers::Timers;
 use super::wakes::WakeLog;
 use crate::locks::LockTable;
 use crate::{Error, ProcedureId};
@@ -68,7 +69,8 @@ pub(crate) struct Inner<E> {
     pub(crate) workers: Semaphore,
     /// Root procedures running at once; the others wait for a permit (the queue).
     pub(crate) running: Semaphore,
-    /// Root procedures live or queued, for backpressure.
+    /// Root procedures running or queued for a slot (not dormant, not finished), for
+    /// backpressure.
     pub(crate) live_roots: AtomicUsize,
     pub(crate) table: Mutex<Table>,
     pub(crate) locks: LockTable,
@@ -89,6 +91,8 @@ pub(crate) struct Inner<E> {
     /// or unreadable) or has concluded (`true`) while a poll may still read them from
     /// before their delete: the poll for requests left by other processes skips them.
     pub(crate) requests_seen: Mutex<HashMap<String, bool>>,
+    /// When to rouse dormant procedures that wait for a time.
+    pub(crate) timers: Arc<Timers>,
 }
 
 /// Every procedure the executor knows, live or finished (until retention removes it).
@@ -119,10 +123,21 @@ pub(crate) enum Settled {
     Refused(String),
 }
 
+/// A dormant procedure: it cannot run until something it waits for happens (an event,
+/// its children, a lock, a time), so it has no task and no running slot; this resumes
+/// it, spawning its task again.
+///
+/// It holds the procedure and the executor (the procedure's `Inner`): the executor
+/// drops every parked procedure when it stops, which breaks that cycle.
+pub(crate) struct Parked(pub(crate) Box<dyn FnOnce() + Send>);
+
 pub(crate) struct Entry {
     pub(crate) info: watch::Sender<ProcedureInfo>,
-    /// Wakes the procedure's task: its event fired, or one of its children ended.
+    /// Wakes the procedure's task: its event fired, or one of its children ended (see
+    /// [`Entry::rouse`]).
     pub(crate) wake: Arc<Notify>,
+    /// The procedure itself while it is dormant.
+    pub(crate) parked: Option<Parked>,
     /// Why the procedure must roll back at its next boundary or wait, if it must: an
     /// abort request, or its parent stopping its children.
     pub(crate) abort: Option<Error>,
@@ -138,6 +153,20 @@ pub(crate) struct Entry {
     pub(crate) finished_ms: Option<u64>,
 }
 
+impl Entry {
+    /// Something the procedure may wait for happened: resumes it if it is dormant, else
+    /// tells its task (a permit the task finds before it would park).
+    ///
+    /// Called under the table's lock, as parking happens under it: no rouse falls between
+    /// a task's last look and its parking.
+    pub(crate) fn rouse(&mut self) {
+        match self.parked.take() {
+            Some(Parked(resume)) => resume(),
+            None => self.wake.notify_one(),
+        }
+    }
+}
+
 impl Table {
     /// Registers procedure `id` as suspended on `event`.
     pub(crate) fn listen(&mut self, event: &str, id: u64) {
@@ -145,6 +174,14 @@ impl Table {
             Some(waiting) => drop(waiting.insert(id)),
             None => drop(self.events.insert(event.to_owned(), BTreeSet::from([id]))),
         }
+    }
+
+    /// Whether procedure `id` is registered as suspended on `event` (a wake of `event`
+    /// takes it off).
+    pub(crate) fn is_listening(&self, event: &str, id: u64) -> bool {
+        self.events
+            .get(event)
+            .is_some_and(|waiting| waiting.contains(&id))
     }
 
     /// Unregisters procedure `id` from `event`.
@@ -214,11 +251,31 @@ impl<E> Inner<E> {
             if let Some(entry) = table.procs.get_mut(&id) {
                 let (ack, acked) = oneshot::channel();
                 entry.wake_acks.push(ack);
-                entry.wake.notify_one();
+                entry.rouse();
                 acks.push(acked);
             }
         }
         acks
+    }
+
+    /// Rouses procedure `id` (see [`Entry::rouse`]).
+    pub(crate) fn rouse(&self, id: u64) {
+        if let Some(entry) = self.table().procs.get_mut(&id) {
+            entry.rouse();
+        }
+    }
+
+    /// Drops every dormant procedure: the executor stopped, they resume at the next
+    /// start. Each holds the executor, so this also lets it be freed.
+    pub(crate) fn drop_parked(&self) {
+        let parked: Vec<Parked> = self
+            .table()
+            .procs
+            .values_mut()
+            .filter_map(|entry| entry.parked.take())
+            .collect();
+        // Outside the table's lock: dropping a procedure runs the user's `Drop`.
+        drop(parked);
     }
 
     pub(crate) fn is_running(&self) -> bool {
@@ -236,18 +293,23 @@ impl<E> Inner<E> {
             self.mode_flag.store(HALTED, Ordering::Release);
             true
         });
+        // No procedure parks once the mode has left running (it looks under the lock).
+        self.drop_parked();
     }
 
     /// Stops taking new work; returns whether the executor was running.
     pub(crate) fn begin_shutdown(&self) -> bool {
-        self.mode.send_if_modified(|mode| {
+        let was_running = self.mode.send_if_modified(|mode| {
             let running = matches!(mode, Mode::Running);
             if running {
                 *mode = Mode::ShuttingDown;
                 self.mode_flag.store(SHUTTING_DOWN, Ordering::Release);
             }
             running
-        })
+        });
+        // Dormant procedures have nothing in flight: they resume at the next start.
+        self.drop_parked();
+        was_running
     }
 
     /// Hands out `n` fresh ids. When they run past the durable reservation in the store,

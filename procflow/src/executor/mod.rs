@@ -55,6 +55,7 @@ mod requests;
 mod runner;
 pub(crate) mod status;
 mod submit;
+mod timers;
 mod view;
 mod wakes;
 
@@ -347,7 +348,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
         entry
             .abort
             .get_or_insert_with(|| Error::fatal("aborted on request"));
-        entry.wake.notify_one();
+        entry.rouse();
         Ok(())
     }
 
@@ -432,6 +433,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
         self.inner.begin_shutdown();
         self.inner.tasks.close();
         self.inner.tasks.wait().await;
+        self.inner.drop_parked();
         match self.inner.mode() {
             Mode::Halted(reason) => Err(reason),
             _ => Ok(()),

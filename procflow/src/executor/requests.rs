@@ -272,7 +272,7 @@ fn hand_over<E>(
         mark(entry);
         let (ack, acked) = oneshot::channel();
         entry.request_acks.push(ack);
-        entry.wake.notify_one();
+        entry.rouse();
         acks.push(acked);
     }
     acks

@@ -146,16 +146,14 @@ impl<E: Send + Sync + 'static> Runner<E> {
                     stop_children(&self.inner, &verdict.pending, &cause);
                     self.stopping_children = Some(cause);
                 }
-                tokio::select! {
-                    () = self.wake.notified() => Ok(()),
-                    () = self.inner.stopping() => Err(Exit),
-                }
+                // Roused as each of them ends.
+                self.park_until(None);
+                Ok(())
             }
-            None => tokio::select! {
-                () = self.wake.notified() => Ok(()),
-                () = self.deadline_timer() => Ok(()),
-                () = self.inner.stopping() => Err(Exit),
-            },
+            None => {
+                self.park_until(self.deadline_ms());
+                Ok(())
+            }
         }
     }
 
@@ -280,10 +278,8 @@ impl<E: Send + Sync + 'static> Runner<E> {
             }
         }
         if pending {
-            return tokio::select! {
-                () = self.wake.notified() => Ok(()),
-                () = self.inner.stopping() => Err(Exit),
-            };
+            self.park_until(None);
+            return Ok(());
         }
         self.envelope.wait = Wait::Ready;
         let (Phase::RollingBack { cause } | Phase::RolledBack { cause }) = self.procedure.phase()
@@ -342,7 +338,7 @@ fn stop_children<E>(inner: &Inner<E>, ids: &[u64], cause: &Error) {
     for id in ids {
         if let Some(entry) = table.procs.get_mut(id) {
             entry.abort.get_or_insert_with(|| cause.clone());
-            entry.wake.notify_one();
+            entry.rouse();
         }
     }
 }

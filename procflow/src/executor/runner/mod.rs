@@ -3,9 +3,11 @@
 //! - this module: the loop, one step, and what a step's outcome does to the procedure;
 //! - [`waits`]: waiting for locks, events and retries, and what interrupts a wait (an
 //!   abort, the procedure's deadline);
-//! - [`children`]: starting children, waiting for them, stopping and undoing them.
+//! - [`children`]: starting children, waiting for them, stopping and undoing them;
+//! - [`dormant`]: a procedure that waits has no task: it parks until roused.
 
 mod children;
+mod dormant;
 mod waits;
 
 use super::erased::{DynProcedure, DynProgress};
@@ -55,13 +57,24 @@ pub(crate) fn launch<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, launch: La
     start(inner, launch, wake);
 }
 
-/// Spawns the task of a procedure whose table entry exists (`wake` is its signal).
+/// Spawns the task of a procedure whose table entry exists (`wake` is its signal); one
+/// suspended on an event parks at once instead (a procedure loaded at start).
 pub(crate) fn start<E: Send + Sync + 'static>(
     inner: &Arc<Inner<E>>,
     launch: Launch<E>,
     wake: Arc<Notify>,
 ) {
-    inner.tasks.spawn(task(inner, launch, wake));
+    let mut runner = Runner::new(inner, launch, wake);
+    if let Wait::Event { until_ms, .. } = runner.envelope.wait {
+        // A wake, an abort or a due time rouses it as it would a task that parked.
+        let until = dormant::earliest(until_ms, runner.deadline_ms());
+        match runner.park(until) {
+            Ok(()) => return,
+            Err(roused) => runner = *roused,
+        }
+    }
+    let span = runner.span();
+    inner.tasks.spawn(runner.run().instrument(span));
 }
 
 /// Runs, in the calling task, a procedure whose table entry exists (a submit's task,
@@ -80,40 +93,45 @@ fn task<E: Send + Sync + 'static>(
     launch: Launch<E>,
     wake: Arc<Notify>,
 ) -> impl Future<Output = ()> + Send + 'static {
-    let span = tracing::info_span!(
-        "procedure",
-        id = launch.id,
-        machine = launch.procedure.machine()
-    );
-    // A procedure stored stuck goes on counting its tries, and is reported stuck.
-    let trouble = launch.envelope.trouble.as_ref();
-    let attempts = trouble.map_or(0, |t| t.attempts);
-    let last_error = trouble.map(|t| Error::fatal(t.error.clone()));
-    let stuck_since = trouble
-        .and_then(|t| t.stuck_since_ms)
-        .map(crate::operator::history::time_of);
-    let runner = Runner {
-        ctx: Context::new(ProcedureId::new(launch.id), Arc::clone(&inner.env))
-            .with_fencing_token(inner.fencing_token),
-        inner: Arc::clone(inner),
-        id: launch.id,
-        parent: launch.parent,
-        ancestors: launch.ancestors,
-        locks: launch.procedure.locks().map_err(Error::fatal_from),
-        holding: launch.holding,
-        procedure: launch.procedure,
-        envelope: launch.envelope,
-        wake,
-        attempts,
-        last_error,
-        ran: ("", StepKind::Execute),
-        acted: launch.acted,
-        stuck_since,
-        stopping_children: None,
-        refused: None,
-        refusing: false,
-    };
+    let runner = Runner::new(inner, launch, wake);
+    let span = runner.span();
     runner.run().instrument(span)
+}
+
+impl<E: Send + Sync + 'static> Runner<E> {
+    fn new(inner: &Arc<Inner<E>>, launch: Launch<E>, wake: Arc<Notify>) -> Self {
+        // A procedure stored stuck goes on counting its tries, and is reported stuck.
+        let trouble = launch.envelope.trouble.as_ref();
+        let attempts = trouble.map_or(0, |t| t.attempts);
+        let last_error = trouble.map(|t| Error::fatal(t.error.clone()));
+        let stuck_since = trouble
+            .and_then(|t| t.stuck_since_ms)
+            .map(crate::operator::history::time_of);
+        Runner {
+            ctx: Context::new(ProcedureId::new(launch.id), Arc::clone(&inner.env))
+                .with_fencing_token(inner.fencing_token),
+            inner: Arc::clone(inner),
+            id: launch.id,
+            parent: launch.parent,
+            ancestors: launch.ancestors,
+            locks: launch.procedure.locks().map_err(Error::fatal_from),
+            holding: launch.holding,
+            procedure: launch.procedure,
+            envelope: launch.envelope,
+            wake,
+            attempts,
+            last_error,
+            ran: ("", StepKind::Execute),
+            acted: launch.acted,
+            stuck_since,
+            stopping_children: None,
+            refused: None,
+            refusing: false,
+            parking: None,
+            retry_at: None,
+            lock_ticket: None,
+        }
+    }
 }
 
 /// The table entry for a procedure, created if missing; returns its wake-up signal.
@@ -144,6 +162,7 @@ fn insert_entry_locked<E>(
     let entry = table.procs.entry(launch.id).or_insert_with(|| Entry {
         info: watch::Sender::new(info),
         wake: Arc::new(Notify::new()),
+        parked: None,
         abort: None,
         wake_acks: Vec::new(),
         bypass: None,
@@ -208,26 +227,50 @@ struct Runner<E> {
     /// Whether the rollback started after a refused write is being stored (a second
     /// refusal then keeps the procedure stuck instead of looping).
     refusing: bool,
+    /// Set by a wait that cannot end yet: park at the end of the turn, until roused or
+    /// (if given) that wall-clock time in ms. See [`dormant`].
+    parking: Option<Option<u64>>,
+    /// When the retry of a failed step is due (wall clock, ms).
+    retry_at: Option<u64>,
+    /// The lock request it waits on, queued in the lock table.
+    lock_ticket: Option<u64>,
 }
 
 impl<E: Send + Sync + 'static> Runner<E> {
+    /// The procedure's task: turns until it ends, the executor stops, or it parks.
     async fn run(mut self) {
         let inner = Arc::clone(&self.inner);
-        // Only root procedures take a running slot: a child runs on its root's behalf, so a
-        // full executor can never wait on children that cannot start.
-        // A root aborted, or whose deadline passes, while it is queued rolls back at once,
-        // without a slot: both end a procedure wherever it waits (an abort of a queued
-        // procedure must not wait for the running ones, which may never end).
-        let _slot = if self.parent.is_none() {
-            match self.take_slot(&inner.running).await {
-                Ok(slot) => slot,
-                Err(Exit) => return,
+        loop {
+            // Only root procedures take a running slot: a child runs on its root's behalf,
+            // so a full executor can never wait on children that cannot start.
+            // A root aborted, or whose deadline passes, while it is queued rolls back at
+            // once, without a slot: both end a procedure wherever it waits (an abort of a
+            // queued procedure must not wait for the running ones, which may never end).
+            let slot = if self.parent.is_none() {
+                match self.take_slot(&inner.running).await {
+                    Ok(slot) => slot,
+                    Err(Exit) => return,
+                }
+            } else {
+                None
+            };
+            let until = loop {
+                let turned = self.turn().await;
+                if let Some(until) = self.parking.take() {
+                    break until;
+                }
+                if turned.is_err() && (self.refused.is_none() || !inner.is_running()) {
+                    self.release_locks();
+                    return;
+                }
+            };
+            // Dormant: no slot, no task, until roused. Roused already: look again.
+            drop(slot);
+            match self.park(until) {
+                Ok(()) => return,
+                Err(runner) => self = *runner,
             }
-        } else {
-            None
-        };
-        while self.turn().await.is_ok() || (self.refused.is_some() && inner.is_running()) {}
-        self.release_locks();
+        }
     }
 
     /// One turn of the loop: finish, wait, or run one step.
@@ -239,6 +282,9 @@ impl<E: Send + Sync + 'static> Runner<E> {
         // per procedure, moved when spawned) stays the size the loop needs.
         if let Some(error) = self.refused.take() {
             return Box::pin(self.fail_refused(error)).await;
+        }
+        if self.retry_at.is_some() {
+            return Box::pin(self.await_retry()).await;
         }
         // Waits first: a step that spawned children has already moved to the state after
         // them, which may be terminal; the procedure ends only once they have.
@@ -280,7 +326,9 @@ impl<E: Send + Sync + 'static> Runner<E> {
         result
     }
 
+    /// Gives back the locks it holds, and withdraws a request it queued.
     fn release_locks(&mut self) {
+        self.withdraw_lock_request();
         if self.holding {
             self.inner.locks.release(self.id);
             self.holding = false;
@@ -554,8 +602,8 @@ impl<E: Send + Sync + 'static> Runner<E> {
             entry.finished_ms = self.envelope.finished_ms;
             entry.info.send_replace(info);
         }
-        if let Some(parent) = self.parent.and_then(|parent| table.procs.get(&parent)) {
-            parent.wake.notify_one();
+        if let Some(parent) = self.parent.and_then(|parent| table.procs.get_mut(&parent)) {
+            parent.rouse();
         }
         drop(table);
         // An abort that arrived too late, or the bypass that ended it: settled.

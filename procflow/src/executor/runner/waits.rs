@@ -6,7 +6,7 @@
 //! interruption is honoured when it returns. Either way the rollback undoes the current
 //! state too when its handler ran ([`Runner::acted`]), since it may have partly acted.
 
-use super::{Exit, Runner};
+use super::{Exit, Runner, dormant};
 use crate::executor::hooks::WriteKind;
 use crate::executor::inner::Settled;
 use crate::executor::record::{Wait, now_ms};
@@ -66,6 +66,8 @@ impl<E: Send + Sync + 'static> Runner<E> {
         if self.bypass_requested() {
             return self.bypass_now().await;
         }
+        // Queued for its locks: out of the queue (a grant that raced with it, given back).
+        self.withdraw_lock_request();
         let state = self.procedure.state();
         tracing::info!(%cause, state, "interrupted; rolling back");
         self.note(
@@ -125,9 +127,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// Resolves when the deadline passes, if the procedure has one that still applies.
     pub(super) fn deadline_timer(&self) -> impl Future<Output = ()> + use<E> {
         let left = self
-            .envelope
-            .deadline_ms
-            .filter(|_| self.may_roll_back())
+            .deadline_ms()
             .map(|deadline| Duration::from_millis(deadline.saturating_sub(now_ms())));
         async move {
             match left {
@@ -137,48 +137,23 @@ impl<E: Send + Sync + 'static> Runner<E> {
         }
     }
 
-    /// A root's wait for a running slot. An abort or the deadline while it is queued ends
-    /// the wait without a slot (`Ok(None)`): the first turn then rolls back. A wake of its
-    /// event that arrives meanwhile (a suspended procedure loaded at start) is given back
-    /// to `await_event`, which would otherwise never see it.
+    /// A root's wait for a running slot (first come, first served: new submits and
+    /// roused dormant procedures alike). An abort or the deadline while it is queued ends
+    /// the wait without a slot (`Ok(None)`): the first turn then rolls back. Any other
+    /// rouse meanwhile is for its first turn to look at: a wake of its event takes it off
+    /// the event's list, children and locks are looked at afresh.
     pub(super) async fn take_slot<'a>(
         &mut self,
         running: &'a Semaphore,
     ) -> Result<Option<SemaphorePermit<'a>>, Exit> {
         let acquire = running.acquire();
         tokio::pin!(acquire);
-        let mut woken = false;
-        let slot = loop {
-            if self.interruption().is_some() {
-                break None;
-            }
-            tokio::select! {
-                permit = &mut acquire => break permit.ok(),
-                () = self.wake.notified() => woken = true,
-                () = self.deadline_timer() => {}
-                () = self.inner.stopping() => return Err(Exit),
-            }
-        };
-        if woken {
-            self.wake.notify_one();
-        }
-        Ok(slot)
-    }
-
-    /// Waits for `until`, unless an abort or the deadline interrupts first (`Ok(Err)`,
-    /// with the cause, for the caller to act on).
-    async fn wait_or_interrupt<T>(
-        &mut self,
-        until: impl Future<Output = T>,
-    ) -> Result<Result<T, Error>, Exit> {
-        tokio::pin!(until);
         loop {
-            if let Some(cause) = self.interruption() {
-                return Ok(Err(cause));
+            if self.interruption().is_some() {
+                return Ok(None);
             }
-            // A wake-up here is an abort request (or a stale signal): look again.
             tokio::select! {
-                out = &mut until => return Ok(Ok(out)),
+                permit = &mut acquire => return Ok(permit.ok()),
                 () = self.wake.notified() => {}
                 () = self.deadline_timer() => {}
                 () = self.inner.stopping() => return Err(Exit),
@@ -195,101 +170,113 @@ impl<E: Send + Sync + 'static> Runner<E> {
                 .map_or(true, |locks| locks.locks().is_empty())
     }
 
-    /// Waits (parked, without a worker) until the declared locks are granted. Returns
-    /// `false` when an abort or the deadline interrupted the wait: the procedure is then
-    /// rolling back.
+    /// Takes the declared locks, or queues for them and parks until they are granted.
+    /// Returns whether it holds them now: `false` when it parks, or when an abort or the
+    /// deadline interrupted the wait (it is rolling back then).
     pub(super) async fn take_locks(&mut self) -> Result<bool, Exit> {
         if self.holds_locks() {
             return Ok(true);
+        }
+        if let Some(ticket) = self.lock_ticket {
+            return self.await_locks(ticket).await;
         }
         let Ok(locks) = &self.locks else {
             return Ok(true);
         };
         let wanted = locks.locks().to_vec();
-        let inner = Arc::clone(&self.inner);
-        let waited = {
-            let acquire = inner.locks.acquire(self.id, &self.ancestors, &wanted);
-            tokio::pin!(acquire);
-            // Poll once first: that queues the request (or grants it), so a procedure
-            // reported waiting is already in line, first come, first served.
-            let granted = tokio::select! {
-                biased;
-                () = &mut acquire => true,
-                () = std::future::ready(()) => false,
-            };
-            if granted {
-                Ok(())
-            } else {
+        let inner = Arc::downgrade(&self.inner);
+        let id = self.id;
+        let granted = Box::new(move || {
+            if let Some(inner) = inner.upgrade() {
+                inner.rouse(id);
+            }
+        });
+        // Queued first come, first served; reported waiting once it is in line.
+        match self
+            .inner
+            .locks
+            .request(self.id, &self.ancestors, &wanted, granted)
+        {
+            None => {
+                self.holding = true;
+                Ok(true)
+            }
+            Some(ticket) => {
+                self.lock_ticket = Some(ticket);
                 self.inner.publish(ProcedureInfo {
                     status: Status::WaitingForLock,
                     ..self.info()
                 });
-                // Interrupted: dropping the request at the end of this block takes it out
-                // of the queue (or undoes a grant that raced with the interruption).
-                self.wait_or_interrupt(&mut acquire).await?
+                self.park_until(self.deadline_ms());
+                Ok(false)
             }
-        };
-        if let Err(cause) = waited {
+        }
+    }
+
+    /// Roused while queued for its locks: holds them if they were granted, withdraws the
+    /// request and rolls back if it was interrupted, else parks again.
+    async fn await_locks(&mut self, ticket: u64) -> Result<bool, Exit> {
+        if let Some(cause) = self.interruption() {
             self.interrupt(cause).await?;
             return Ok(false);
         }
+        if self.inner.locks.is_waiting(ticket) {
+            self.park_until(self.deadline_ms());
+            return Ok(false);
+        }
+        self.lock_ticket = None;
         self.holding = true;
         Ok(true)
     }
 
-    /// Waits out a retry's backoff; an abort or the deadline rolls back at once.
+    /// Withdraws the lock request it queued, if any: out of the queue, or a grant that
+    /// raced with the withdrawal given back.
+    pub(super) fn withdraw_lock_request(&mut self) {
+        if let Some(ticket) = self.lock_ticket.take() {
+            self.inner.locks.withdraw(ticket);
+        }
+    }
+
+    /// Parks until a retry's backoff is over; an abort or the deadline rolls back at once
+    /// (see [`await_retry`](Self::await_retry)).
     pub(super) async fn retry_later(&mut self, error: Error, delay: Duration) -> Result<(), Exit> {
         tracing::debug!(%error, attempt = self.attempts, ?delay, "retrying step");
         self.last_error = Some(error);
         self.publish();
-        match self.wait_or_interrupt(tokio::time::sleep(delay)).await? {
-            Ok(()) => Ok(()),
-            Err(cause) => self.interrupt(cause).await,
-        }
+        self.retry_at = Some(dormant::after(delay));
+        self.await_retry().await
     }
 
-    /// Suspended: waits for a wake of its event, its timeout, an abort or the deadline.
-    /// The wake-up is persisted before the step runs again, and callers of `wake` waiting
-    /// for that are told.
+    /// Suspended: parked until a wake of its event, its timeout, an abort or the
+    /// deadline. The wake-up is persisted before the step runs again, and callers of
+    /// `wake` waiting for that are told.
+    ///
+    /// A wake takes the procedure off its event's list (see [`Inner::wake`]); that is how
+    /// a roused procedure tells a wake from an abort or a stale rouse.
+    ///
+    /// [`Inner::wake`]: crate::executor::inner::Inner::wake
     pub(super) async fn await_event(&mut self) -> Result<(), Exit> {
         let Wait::Event { name, until_ms } = self.envelope.wait.clone() else {
             return Ok(());
         };
-        // Registered already (when it suspended, or when the executor loaded it); again
-        // after a wake of another procedure's event only consumed a stale signal.
-        self.inner.table().listen(&name, self.id);
-        self.publish();
-        let timeout = async {
-            match until_ms {
-                Some(until) => {
-                    tokio::time::sleep(Duration::from_millis(until.saturating_sub(now_ms()))).await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        tokio::pin!(timeout);
-        let interrupted = loop {
-            if let Some(cause) = self.interruption() {
-                break Some(cause);
-            }
-            tokio::select! {
-                // Woken for its event, or for an abort: tell them apart.
-                () = self.wake.notified() => break self.interruption(),
-                () = &mut timeout => break None,
-                () = self.deadline_timer() => {}
-                () = self.inner.stopping() => return Err(Exit),
-            }
-        };
-        self.inner.table().stop_listening(&name, self.id);
-        match interrupted {
-            Some(cause) => self.interrupt(cause).await?,
-            None => {
-                self.envelope.wait = Wait::Ready;
-                // Durable: a crash after this runs the step again instead of waiting for
-                // an event that already came.
-                self.persist(WriteKind::Suspend).await?;
-            }
+        if let Some(cause) = self.interruption() {
+            self.inner.table().stop_listening(&name, self.id);
+            self.interrupt(cause).await?;
+            self.ack_wakes();
+            return Ok(());
         }
+        let woken = !self.inner.table().is_listening(&name, self.id);
+        let timed_out = until_ms.is_some_and(|until| now_ms() >= until);
+        if !woken && !timed_out {
+            self.publish();
+            self.park_until(dormant::earliest(until_ms, self.deadline_ms()));
+            return Ok(());
+        }
+        self.inner.table().stop_listening(&name, self.id);
+        self.envelope.wait = Wait::Ready;
+        // Durable: a crash after this runs the step again instead of waiting for an event
+        // that already came.
+        self.persist(WriteKind::Suspend).await?;
         self.ack_wakes();
         Ok(())
     }

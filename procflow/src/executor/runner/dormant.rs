@@ -1,0 +1,116 @@
+//! Dormant procedures: a procedure that cannot run has no task and no running slot.
+//!
+//! A procedure waiting for an event, its children, a lock, a retry's backoff or a timer
+//! asks to park ([`Runner::park_until`]). At the end of its turn its task gives back the
+//! running slot and leaves the procedure in its table entry as a
+//! [`Parked`](crate::executor::inner::Parked) closure, then ends. Whatever it waits for
+//! rouses it ([`Entry::rouse`](crate::executor::inner::Entry::rouse)): a wake of its
+//! event, a child that ends, a granted lock, an abort or bypass, or the executor's timer
+//! ([`timers`](crate::executor::timers)) at the time it named. Roused, it gets a task
+//! again, which takes a running slot (first come, first served, with new submits) and
+//! looks at what it waited for: a rouse is only a prompt, so a stale one costs a look.
+//!
+//! A dormant procedure keeps its for-life locks: the lock table holds them, not a task.
+
+use super::{Exit, Runner};
+use crate::executor::inner::Parked;
+use crate::executor::record::now_ms;
+use futures_util::FutureExt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tracing::Instrument;
+
+impl<E: Send + Sync + 'static> Runner<E> {
+    /// Asks to park at the end of this turn, to be roused by what the procedure waits
+    /// for, and at `until_ms` (wall clock) at the latest if given.
+    pub(super) fn park_until(&mut self, until_ms: Option<u64>) {
+        self.parking = Some(until_ms);
+    }
+
+    /// The deadline's time, while it may still end the procedure.
+    pub(super) fn deadline_ms(&self) -> Option<u64> {
+        self.envelope.deadline_ms.filter(|_| self.may_roll_back())
+    }
+
+    /// Parks the procedure in its table entry, ending its task. `Err` gives it back when
+    /// it must not sleep: it was roused since its last look (a permit is waiting), or
+    /// its entry is gone. When the executor no longer runs, the procedure is dropped: it
+    /// resumes at the next start.
+    pub(super) fn park(self, until_ms: Option<u64>) -> Result<(), Box<Self>> {
+        let inner = Arc::clone(&self.inner);
+        let mut table = inner.table();
+        // Under the table's lock: a stop drops the parked procedures after it changed
+        // the mode, so one parking now would never be dropped.
+        if !inner.is_running() {
+            return Ok(());
+        }
+        // Rousers notify under this lock too: a rouse since the last look left a permit.
+        if self.wake.notified().now_or_never().is_some() {
+            return Err(Box::new(self));
+        }
+        let Some(entry) = table.procs.get_mut(&self.id) else {
+            return Err(Box::new(self));
+        };
+        if let Some(at) = until_ms {
+            inner.timers.add(at, self.id);
+        }
+        if self.parent.is_none() {
+            inner.live_roots.fetch_sub(1, Ordering::AcqRel);
+        }
+        let handle = tokio::runtime::Handle::current();
+        let id = self.id;
+        entry.parked = Some(Parked(Box::new(move || {
+            tracing::trace!(id, "roused");
+            if self.parent.is_none() {
+                self.inner.live_roots.fetch_add(1, Ordering::AcqRel);
+            }
+            let tasks = self.inner.tasks.clone();
+            let span = self.span();
+            handle.spawn(tasks.track_future(self.run().instrument(span)));
+        })));
+        tracing::trace!(id, ?until_ms, "dormant");
+        Ok(())
+    }
+
+    /// The span a procedure's task runs in.
+    pub(super) fn span(&self) -> tracing::Span {
+        tracing::info_span!(
+            "procedure",
+            id = self.id,
+            machine = self.procedure.machine()
+        )
+    }
+
+    /// Waits out a retry's backoff: parked until it is over; an abort or the deadline
+    /// rolls back at once.
+    pub(super) async fn await_retry(&mut self) -> Result<(), Exit> {
+        let Some(at) = self.retry_at else {
+            return Ok(());
+        };
+        if let Some(cause) = self.interruption() {
+            self.retry_at = None;
+            return self.interrupt(cause).await;
+        }
+        if now_ms() < at {
+            self.park_until(earliest(Some(at), self.deadline_ms()));
+            return Ok(());
+        }
+        self.retry_at = None;
+        Ok(())
+    }
+}
+
+/// The wall-clock time `delay` from now, in ms (the delay rounded up).
+pub(super) fn after(delay: Duration) -> u64 {
+    let ms = u64::try_from(delay.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
+    now_ms().saturating_add(ms)
+}
+
+/// The earlier of two optional times.
+pub(super) fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
