@@ -269,17 +269,37 @@ pub(crate) struct Repr<'a> {
     pub(crate) phase: Phase,
 }
 
+/// Written field by field as a [`Repr`] would be, without building one: the cursor is
+/// encoded on every step, and a `Repr` costs two vectors to allocate and drop each time.
+/// A unit test checks the bytes are the same.
 impl<M: StateMachine> Serialize for Cursor<M> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let name = |s: &M| Cow::Borrowed(s.name());
-        Repr {
-            state: name(&self.state),
-            steps: self.steps,
-            completed: self.completed.iter().map(name).collect(),
-            entries: self.entries.iter().map(|(s, n)| (name(s), *n)).collect(),
-            phase: self.phase.clone(),
-        }
-        .serialize(serializer)
+        use serde::ser::SerializeStruct;
+        let mut repr = serializer.serialize_struct("Repr", 5)?;
+        repr.serialize_field("state", self.state.name())?;
+        repr.serialize_field("steps", &self.steps)?;
+        repr.serialize_field("completed", &Names(&self.completed))?;
+        repr.serialize_field("entries", &Entries(&self.entries))?;
+        repr.serialize_field("phase", &self.phase)?;
+        repr.end()
+    }
+}
+
+/// States as the sequence of their names.
+struct Names<'a, M>(&'a [M]);
+
+impl<M: StateMachine> Serialize for Names<'_, M> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(|state| state.name()))
+    }
+}
+
+/// Rollback entries as `(name, count)` pairs.
+struct Entries<'a, M>(&'a [(M, u32)]);
+
+impl<M: StateMachine> Serialize for Entries<'_, M> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.iter().map(|(state, n)| (state.name(), *n)))
     }
 }
 

@@ -253,3 +253,34 @@ fn metadata_and_mermaid_diagram() {
     // Default stable name: the procedure type's name.
     assert_eq!(RenamedState::NAME, "Renamed");
 }
+
+/// The cursor's stored layout, as docs/FORMAT.md gives it: states by name.
+#[derive(Serialize, Deserialize, Debug)]
+struct CursorLayout {
+    state: String,
+    steps: u64,
+    completed: Vec<String>,
+    entries: Vec<(String, u32)>,
+    phase: Phase,
+}
+
+#[tokio::test]
+async fn the_cursor_is_written_in_its_documented_layout() {
+    let mut run = Stepper::<v1::OrderState>::new(order(), ());
+    run.step().await;
+    run.step().await;
+    let midway = run.cursor().clone();
+    run.run().await;
+    let rolled_back = run.cursor().clone();
+    for cursor in [Cursor::<v1::OrderState>::new(), midway, rolled_back] {
+        let bytes = postcard::to_stdvec(&cursor).unwrap();
+        let layout: CursorLayout = postcard::from_bytes(&bytes).unwrap();
+        assert_eq!(layout.state, cursor.state().name());
+        assert_eq!(layout.steps, cursor.steps());
+        let names: Vec<&str> = cursor.completed().iter().map(|s| s.name()).collect();
+        assert_eq!(layout.completed, names);
+        assert_eq!(&layout.phase, cursor.phase());
+        // Nothing more, nothing less: the layout writes back the very same bytes.
+        assert_eq!(postcard::to_stdvec(&layout).unwrap(), bytes, "{layout:?}");
+    }
+}
