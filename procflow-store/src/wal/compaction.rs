@@ -10,11 +10,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::record::{self, KIND_COMPACTION, RECORD_HEADER_LEN};
+use super::record::{self, KIND_COMPACTION};
 use super::writer::Writer;
 use crate::error::StoreError;
 use crate::state::{Change, Key, State};
-use bytes::Bytes;
 
 /// Compact once closed segments exceed this many times the live bytes.
 pub(crate) const COMPACTION_RATIO: u64 = 2;
@@ -95,7 +94,7 @@ impl LiveIndex {
 ///
 /// I/O errors from the writer; the caller must poison the store.
 pub(crate) fn compact(
-    state: &mut State,
+    state: &State,
     index: &mut LiveIndex,
     writer: &mut Writer,
 ) -> Result<usize, StoreError> {
@@ -120,12 +119,12 @@ pub(crate) fn compact(
 /// Rewrites the latest changes still in `segment` as one record at the end of the log,
 /// makes that durable, and deletes the segment.
 ///
-/// The state's values then become slices of the record just written. A value recovered
-/// from `segment` is a slice of that segment's buffer; leaving it there would keep the
-/// whole buffer in memory after its file is gone. This way the values in memory are
-/// always slices of records still on disk, and memory stays within the disk-use bound.
+/// The values in memory stay as they are: each owns its bytes (recovery copies them out
+/// of the segments it reads), so none keeps a deleted segment's file in memory. Making
+/// them slices of the record just written would only let a few of them keep that whole
+/// record resident once the rest are superseded.
 fn rewrite_forward(
-    state: &mut State,
+    state: &State,
     index: &mut LiveIndex,
     writer: &mut Writer,
     segment: u64,
@@ -147,13 +146,6 @@ fn rewrite_forward(
     }
     writer.sync_active()?;
     writer.remove_segment(segment)?;
-    let written = Bytes::from(bytes).slice(RECORD_HEADER_LEN..);
-    let rewritten = record::decode_payload(&written).map_err(|reason| StoreError::Encoding {
-        reason: format!("a compaction record does not decode: {reason}"),
-    })?;
-    for change in rewritten {
-        state.apply(change);
-    }
     Ok(())
 }
 
