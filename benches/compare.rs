@@ -25,7 +25,8 @@
 //! a `MemStore` (workload 4's second baseline); `raw:1` is the raw write+fdatasync loop
 //! with records of a step's size. `-- --cell single:R` runs workload 1 alone, interleaved
 //! in R rounds over the cell's time. `-- --cell restart:N` builds workload 6's log of N
-//! procedures, then restarts on it five times (page cache warm), each in a fresh process.
+//! procedures, then restarts on it five times (page cache warm), each in a fresh process;
+//! with `--log DIR` it keeps the log in DIR, or restarts on the one DIR already holds.
 //! `-- --history N` runs every workload with `Config::history = N` (default 32), to
 //! measure what the step history costs.
 //!
@@ -74,7 +75,7 @@ use machine::{Payload, STATE_BYTES, STEPS, TenSteps, drive as drive_by_hand};
 use procflow::executor::{Executor, Outcome};
 use procflow::{Context, ProcedureId};
 use procflow_store::{MemStore, Store, SyncMode, WalConfig, WalStore};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::runtime::Runtime;
@@ -225,6 +226,13 @@ fn cell_arg() -> Option<String> {
     Some(args.get(at + 1).expect("--cell KIND:CONCURRENCY").clone())
 }
 
+/// The value of `--log`: where `--cell restart:N` keeps its log, or finds one.
+fn log_arg() -> Option<PathBuf> {
+    let args: Vec<String> = std::env::args().collect();
+    let at = args.iter().position(|arg| arg == "--log")?;
+    Some(PathBuf::from(args.get(at + 1).expect("--log DIR")))
+}
+
 /// Runs one cell alone (for a profiler).
 fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
     let (kind, clients) = cell.split_once(':').expect("--cell KIND:CONCURRENCY");
@@ -257,7 +265,10 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             std::fs::create_dir_all(&dir).expect("create the cell directory");
             raw::write_fdatasync_loop(&dir, record_size(runtime, base), plan.cell)
         }
-        "restart" => return restart::profile(runtime, &dir, clients),
+        "restart" => {
+            let dir = log_arg().unwrap_or(dir);
+            return restart::profile(runtime, &dir, clients);
+        }
         "single" => {
             let rounds = u32::try_from(clients).expect("rounds").max(1);
             let record = record_size(runtime, base);

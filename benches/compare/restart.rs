@@ -89,10 +89,18 @@ pub fn run(quick: bool, runtime: &Runtime, base: &Path) -> Restarted {
 /// `--cell restart:N`: builds the log of `n` procedures once, then restarts on it five
 /// times with a warm page cache, each in a fresh process, printing each time. Run the
 /// child alone (`--restart-child DIR N`) under a profiler.
+///
+/// With `--log DIR` (`dir` is then DIR) a log already in `dir` is used as it is: a restart
+/// reads it and writes nothing, so builds can be compared on the same log, and the log
+/// is kept for other tools (`procflow-store`'s `open_rss` example).
 pub fn profile(runtime: &Runtime, dir: &Path, n: u64) {
-    generate(runtime, dir, n);
-    // The log was written without fsync: write it back now, not during the restarts.
-    let _ = std::process::Command::new("sync").status();
+    if dir.exists() && !segment_files(dir).is_empty() {
+        println!("restart:{n}: on the log already in {}", dir.display());
+    } else {
+        generate(runtime, dir, n);
+        // The log was written without fsync: write it back now, not during the restarts.
+        let _ = std::process::Command::new("sync").status();
+    }
     for _ in 0..5 {
         let (open, ready, live, rss) = load_in_child(dir, n);
         println!(

@@ -67,13 +67,6 @@ pub(crate) enum Key {
 }
 
 impl<V> Change<V> {
-    pub(crate) fn key(&self) -> Key {
-        match self {
-            Change::Put { id, .. } | Change::Delete { id } => Key::Proc(*id),
-            Change::PutMeta { key, .. } | Change::DeleteMeta { key } => Key::Meta(key.clone()),
-        }
-    }
-
     /// `true` for changes that remove their key.
     pub(crate) fn is_removal(&self) -> bool {
         matches!(self, Change::Delete { .. } | Change::DeleteMeta { .. })

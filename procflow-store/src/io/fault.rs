@@ -107,6 +107,10 @@ impl IoBackend for FaultBackend {
         self.inner.read_file(path)
     }
 
+    fn read_file_into(&self, path: &Path, buf: &mut Vec<u8>) -> io::Result<()> {
+        self.inner.read_file_into(path, buf)
+    }
+
     fn create_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
         Ok(self.wrap(self.inner.create_file(path)?))
     }

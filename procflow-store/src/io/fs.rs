@@ -1,7 +1,7 @@
 //! [`FsBackend`]: the real file system.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -70,6 +70,13 @@ impl IoBackend for FsBackend {
 
     fn read_file(&self, path: &Path) -> io::Result<Vec<u8>> {
         fs::read(path)
+    }
+
+    fn read_file_into(&self, path: &Path, buf: &mut Vec<u8>) -> io::Result<()> {
+        let mut file = File::open(path)?;
+        buf.clear();
+        file.read_to_end(buf)?;
+        Ok(())
     }
 
     fn create_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {

@@ -39,6 +39,14 @@ pub trait IoBackend: Send + Sync + 'static {
     fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>>;
     /// The whole content of `path`.
     fn read_file(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// Replaces the content of `buf` with the whole content of `path`, reusing `buf`'s
+    /// memory where it can: the WAL reads every segment at open into one buffer this way,
+    /// because filling fresh memory costs a page fault per page. The default calls
+    /// [`IoBackend::read_file`].
+    fn read_file_into(&self, path: &Path, buf: &mut Vec<u8>) -> io::Result<()> {
+        *buf = self.read_file(path)?;
+        Ok(())
+    }
     /// Creates `path`, which must not exist (mode 0600 where supported), for appending.
     fn create_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>>;
     /// Opens the existing file `path` for appending.

@@ -188,7 +188,8 @@ pub(crate) fn payload_matches(header: &RecordHeader, payload: &[u8]) -> bool {
 }
 
 /// Decodes a checksum-verified payload. The values are slices of `payload`, not copies:
-/// replaying a log allocates nothing per value.
+/// decoding allocates nothing per value (recovery copies out only the values still live
+/// at the end of their segment).
 pub(crate) fn decode_payload(payload: &Bytes) -> Result<Vec<Change>, String> {
     match postcard::take_from_bytes::<Vec<Change<&[u8]>>>(payload) {
         Ok((changes, [])) => Ok(changes.into_iter().map(|c| c.share(payload)).collect()),

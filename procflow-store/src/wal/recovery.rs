@@ -25,6 +25,7 @@ use super::writer::SegmentInfo;
 use crate::error::StoreError;
 use crate::io::{IoBackend, LogFile};
 use crate::state::{Change, State};
+use crate::store::ProcId;
 use bytes::Bytes;
 
 /// One valid record found by [`scan_segment`].
@@ -374,26 +375,32 @@ fn replay(
     let mut segments = Vec::with_capacity(numbers.len());
     let mut seqs = SeqCheck::default();
     let last_number = numbers.last().copied().unwrap_or(0);
+    // Every segment is read into this one buffer, whose memory is mapped once: a fresh
+    // buffer per segment costs a page fault per 4 KiB read.
+    let mut buffer = Vec::new();
     for &number in numbers {
         let path = segment::path(dir, number);
-        // The live values recovered from this segment stay slices of this buffer, so
-        // memory after a restart is at most the log's size on disk (which compaction
-        // bounds), and no value is copied or allocated on its own.
-        let bytes = Bytes::from(
-            backend
-                .read_file(&path)
-                .map_err(io_err("reading a segment", &path))?,
-        );
+        backend
+            .read_file_into(&path, &mut buffer)
+            .map_err(io_err("reading a segment", &path))?;
+        let bytes = Bytes::from(std::mem::take(&mut buffer));
         let scan = scan_segment(&path, number, &bytes, number == last_number)?;
         seqs.segment(&path, scan.first_seq)?;
+        // The records this segment puts: their values are slices of `bytes`.
+        let mut put = Vec::new();
         for record in scan.records {
             seqs.record(&path, record.offset, record.header.seq)?;
             state.observe_token(record.header.fencing_token);
             for change in record.changes {
+                if let Change::Put { id, .. } = change {
+                    put.push(id);
+                }
                 index.note(number, &change);
                 state.apply(change);
             }
         }
+        copy_out(&mut state, put);
+        buffer = reclaim(bytes);
         if scan.torn.is_some() {
             torn(&path, scan.valid_len)?;
         }
@@ -409,6 +416,38 @@ fn replay(
         segments,
         next_seq: seqs.expected.unwrap_or(1),
     })
+}
+
+/// Gives each record in `put` (ids a segment put, in any order, repeats allowed) a copy
+/// of its value, so that no value points into the segment's buffer and the buffer can be
+/// reused. Decoding makes every value a slice of the buffer, superseded ones included;
+/// copying at the segment's end copies only the values still live then. Left as slices,
+/// a few live values kept a whole segment in memory: after a restart the store held the
+/// log's size on disk, about twice its live values (issue 16).
+fn copy_out(state: &mut State, mut put: Vec<ProcId>) {
+    put.sort_unstable();
+    put.dedup();
+    for id in put {
+        // The latest change of `id` is in this segment: the value is a slice of it.
+        if let Some(record) = state.records.get_mut(&id) {
+            record.value = Bytes::copy_from_slice(&record.value);
+        }
+    }
+}
+
+/// The allocation behind `bytes`, emptied, for the next segment: no copy once no value
+/// points into it. A slice still alive elsewhere would make this a fresh, empty buffer
+/// instead, which is slower but still correct.
+fn reclaim(bytes: Bytes) -> Vec<u8> {
+    // Not `Bytes::clear`, which lets go of a `Vec`'s allocation, nor `Vec::from(bytes)`,
+    // which moves the whole content onto itself.
+    match bytes.try_into_mut() {
+        Ok(mut unique) => {
+            unique.clear();
+            Vec::from(unique)
+        }
+        Err(_) => Vec::new(),
+    }
 }
 
 /// Reads the log as it is, beside a writer that may be appending to it and compacting
@@ -584,6 +623,95 @@ mod tests {
         };
         assert_eq!(file, segment::path(dir, 2));
         assert!(reason.contains("missing"), "{reason}");
+    }
+
+    /// Writes segment `number` of a store in `dir` on `backend`: one record per batch of
+    /// `batches`, numbered from `first_seq`, each starting a group.
+    fn write_segment(
+        backend: &dyn IoBackend,
+        dir: &Path,
+        number: u64,
+        first_seq: u64,
+        batches: &[Vec<Change>],
+    ) {
+        let mut bytes = segment::encode_header(number, first_seq).to_vec();
+        for (seq, changes) in (first_seq..).zip(batches) {
+            let mut record = record::encode(KIND_BATCH, seq, None, changes).unwrap();
+            record::mark_group_start(&mut record);
+            bytes.extend(record);
+        }
+        backend.create_dir_all(dir).unwrap();
+        let file = backend.create_file(&segment::path(dir, number)).unwrap();
+        file.append(&bytes).unwrap();
+    }
+
+    fn put(id: ProcId, value: &[u8]) -> Change {
+        Change::Put {
+            id,
+            parent: None,
+            finished: false,
+            value: Bytes::copy_from_slice(value),
+        }
+    }
+
+    /// Issue 16: a recovered value owns its bytes. As a slice of the segment it was read
+    /// from, it kept that whole segment in memory, superseded records and all; two live
+    /// values from one segment would share its buffer and neither would be unique. Also:
+    /// reading a shorter segment into the buffer a longer one used leaves every value
+    /// intact. On both backends (the real one reuses the buffer's memory).
+    #[test]
+    fn recovered_values_own_their_bytes() {
+        let long = vec![7; 5000];
+        let first = [
+            vec![put(1, b"superseded"), put(2, &long)],
+            vec![put(1, b"one"), put(3, b"deleted later")],
+            vec![Change::Delete { id: 3 }, put(4, b"moved on")],
+        ];
+        let second = [vec![put(4, b"four"), put(5, b"five")]];
+        let temp = tempfile::tempdir().unwrap();
+        let sim = crate::io::SimBackend::new();
+        let backends: [(&dyn IoBackend, &Path); 2] = [
+            (&crate::io::FsBackend, temp.path()),
+            (&sim, Path::new("/store")),
+        ];
+        for (backend, dir) in backends {
+            write_segment(backend, dir, 1, 1, &first);
+            write_segment(backend, dir, 2, 4, &second);
+            let state = recover(backend, dir, false).unwrap().state;
+            let values: Vec<(ProcId, &[u8])> = state
+                .records
+                .iter()
+                .map(|(id, record)| (*id, &record.value[..]))
+                .collect();
+            let expected: [(ProcId, &[u8]); 4] =
+                [(1, b"one"), (2, &long), (4, b"four"), (5, b"five")];
+            assert_eq!(values, expected);
+            for record in state.records.values() {
+                assert!(record.value.is_unique(), "{} shares a buffer", record.id);
+            }
+        }
+    }
+
+    /// The buffer a segment was read into comes back for the next one, emptied, with its
+    /// memory: no copy, no new allocation. While a slice of it lives elsewhere it cannot.
+    #[test]
+    fn reclaim_keeps_the_allocation_only_when_nothing_points_into_it() {
+        // `Bytes` holds a full `Vec` and a partly filled one differently: try both.
+        let full = vec![1; 64];
+        let mut partly = Vec::with_capacity(128);
+        partly.resize(64, 1);
+        for buffer in [full, partly] {
+            let (at, capacity) = (buffer.as_ptr(), buffer.capacity());
+            let bytes = Bytes::from(buffer);
+            drop(bytes.slice(1..3));
+            let back = reclaim(bytes);
+            assert!(back.is_empty());
+            assert_eq!((back.as_ptr(), back.capacity()), (at, capacity));
+        }
+        let bytes = Bytes::from(vec![1; 64]);
+        let value = bytes.slice(1..3);
+        assert_eq!(reclaim(bytes).capacity(), 0);
+        assert_eq!(value, [1, 1][..]);
     }
 
     /// Issue 12, point 14: a version 1 segment, which marks no group starts, still opens,
