@@ -108,14 +108,42 @@ pub fn encode_into<M: StateMachine>(
         machine: M::NAME,
         source,
     };
+    // One buffer: the data follows the header without a length prefix of its own.
+    let bytes = encode_header_into(cursor, out)?;
+    postcard::to_extend(procedure, bytes).map_err(error)
+}
+
+/// Appends the snapshot of a procedure of machine `M` whose data is still encoded, as
+/// [`decode_cursor`] left it: the header, then `data` unchanged. For data postcard wrote,
+/// the bytes are those [`encode_into`] would write after decoding it.
+///
+/// # Errors
+///
+/// [`CodecError::Encode`] if the header cannot be serialized.
+pub(crate) fn encode_stored_into<M: StateMachine>(
+    cursor: &Cursor<M>,
+    data: &[u8],
+    out: Vec<u8>,
+) -> Result<Vec<u8>, CodecError> {
+    let mut bytes = encode_header_into(cursor, out)?;
+    bytes.extend_from_slice(data);
+    Ok(bytes)
+}
+
+/// Appends the header: version, machine name, cursor.
+fn encode_header_into<M: StateMachine>(
+    cursor: &Cursor<M>,
+    out: Vec<u8>,
+) -> Result<Vec<u8>, CodecError> {
     let header = Header {
         version: SNAPSHOT_VERSION,
         machine: M::NAME,
         cursor,
     };
-    // One buffer: the data follows the header without a length prefix of its own.
-    let bytes = postcard::to_extend(&header, out).map_err(error)?;
-    postcard::to_extend(procedure, bytes).map_err(error)
+    postcard::to_extend(&header, out).map_err(|source| CodecError::Encode {
+        machine: M::NAME,
+        source,
+    })
 }
 
 /// Reads a snapshot of machine `M`.
@@ -124,6 +152,19 @@ pub fn encode_into<M: StateMachine>(
 ///
 /// [`CodecError`] if the bytes are not a snapshot of `M` this version can read.
 pub fn decode<M: StateMachine>(bytes: &[u8]) -> Result<(M::Procedure, Cursor<M>), CodecError> {
+    let (cursor, data) = decode_cursor::<M>(bytes)?;
+    Ok((decode_data::<M>(data)?, cursor))
+}
+
+/// Reads the header of a snapshot of machine `M`: its cursor, and the procedure data
+/// after it, left encoded (see [`decode_data`]).
+///
+/// # Errors
+///
+/// [`CodecError`] if the header is not one of `M` this version can read.
+pub(crate) fn decode_cursor<M: StateMachine>(
+    bytes: &[u8],
+) -> Result<(Cursor<M>, &[u8]), CodecError> {
     let found = machine_name(bytes)?;
     if found != M::NAME {
         return Err(CodecError::WrongMachine {
@@ -131,16 +172,25 @@ pub fn decode<M: StateMachine>(bytes: &[u8]) -> Result<(M::Procedure, Cursor<M>)
             found: found.into_owned(),
         });
     }
-    let (repr, rest) = read_cursor(bytes, M::NAME)?;
+    let (repr, data) = read_cursor(bytes, M::NAME)?;
     let cursor = Cursor::from_repr(&repr).map_err(|state| CodecError::UnknownState {
         machine: M::NAME,
         state,
     })?;
-    let procedure = postcard::from_bytes(rest).map_err(|source| CodecError::Decode {
+    Ok((cursor, data))
+}
+
+/// Reads the procedure data of machine `M`, as [`decode_cursor`] left it.
+///
+/// # Errors
+///
+/// [`CodecError::Decode`] if the bytes are not an `M::Procedure` (damaged, or written by
+/// a build whose procedure type differs).
+pub(crate) fn decode_data<M: StateMachine>(data: &[u8]) -> Result<M::Procedure, CodecError> {
+    postcard::from_bytes(data).map_err(|source| CodecError::Decode {
         machine: M::NAME.to_owned(),
         source,
-    })?;
-    Ok((procedure, cursor))
+    })
 }
 
 /// The cursor of a snapshot of machine `machine` (read already from its header), with

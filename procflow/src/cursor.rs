@@ -184,6 +184,18 @@ impl<M: StateMachine> Cursor<M> {
         self.settle_rollback();
     }
 
+    /// What a failure of a forward step means here: `Err` hands the error back to be
+    /// retried (retryable with budget left, or past a point of no return); `Ok` means the
+    /// rollback has started.
+    pub(crate) fn fail_forward(&mut self, error: Error, budget_spent: bool) -> Result<(), Error> {
+        let retry = (error.is_retryable() && !budget_spent) || self.past_point_of_no_return();
+        if retry {
+            return Err(error);
+        }
+        self.start_rollback(error.into_fatal());
+        Ok(())
+    }
+
     /// Starts rolling back after `cause`, undoing the current state too when it has a
     /// rollback handler: it was interrupted (aborted, timed out, or its result could not be
     /// stored) after its handler ran, so it may have partly acted, and undo handlers are

@@ -77,16 +77,4 @@ impl<M: StateMachine> Instance<M> {
             Err(error) => Progress::Failed(error),
         }
     }
-
-    /// What a failure means here: `Err` hands the error back to be retried (retryable,
-    /// or past a point of no return); `Ok` means the rollback has started.
-    pub(crate) fn fail_forward(&mut self, error: Error, budget_spent: bool) -> Result<(), Error> {
-        let retry =
-            (error.is_retryable() && !budget_spent) || self.cursor.past_point_of_no_return();
-        if retry {
-            return Err(error);
-        }
-        self.cursor.start_rollback(error.into_fatal());
-        Ok(())
-    }
 }

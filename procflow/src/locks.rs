@@ -1588,6 +1588,11 @@ pub enum Hold {
 /// together (all or nothing) and first come, first served. Child procedures may take locks
 /// their ancestors hold.
 ///
+/// The executor records them with the procedure when it is submitted, and a procedure
+/// that has started takes them from that record after a restart (its data is decoded
+/// only when it next runs): declare them from what the submit sets, not from fields a
+/// step changes.
+///
 /// ```
 /// use procflow::locks::{Hold, Lock, Locks};
 ///

@@ -158,7 +158,7 @@ impl<M: StateMachine> Stepper<M> {
             Progress::Failed(error) if self.rolling_back() => StepReport::RetryLater(error),
             Progress::Failed(error) => {
                 debug_assert_eq!(from, self.instance.cursor.state());
-                match self.instance.fail_forward(error.clone(), false) {
+                match self.instance.cursor.fail_forward(error.clone(), false) {
                     Ok(()) => StepReport::RollbackStarted(error),
                     Err(error) => StepReport::RetryLater(error),
                 }
@@ -195,7 +195,7 @@ impl<M: StateMachine> Stepper<M> {
         match cursor.phase().clone() {
             Phase::RollingBack { cause } => cursor.fail(cause),
             _ => {
-                if let Err(error) = self.instance.fail_forward(error, true) {
+                if let Err(error) = self.instance.cursor.fail_forward(error, true) {
                     self.instance.cursor.fail(error);
                 }
             }

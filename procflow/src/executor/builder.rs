@@ -3,12 +3,12 @@
 use super::Executor;
 use super::cleanup;
 use super::config::Config;
-use super::erased::Registry;
+use super::erased::{DynProcedure, Registry};
 use super::error::ExecutorError;
 use super::hooks::KillHook;
 use super::inner::{self, Inner, Mode, Table};
 use super::record::Wait;
-use super::record::{Envelope, FENCE_KEY, NEXT_ID_KEY, NONCE_PREFIX};
+use super::record::{Envelope, FENCE_KEY, NEXT_ID_KEY, NONCE_PREFIX, records_locks};
 use super::requests;
 use super::runner::{self, Launch};
 use super::status::Unloadable;
@@ -147,6 +147,14 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
     /// A stored procedure whose machine is not registered, or whose record this build
     /// cannot read, is left untouched in the store and reported by
     /// [`Executor::unloadable`] and a log line; it does not stop the start.
+    ///
+    /// Only the runtime's part of each record is decoded here (status, state, what it
+    /// waits for, its locks): a procedure's own data is decoded when it next runs, so a
+    /// restart with many dormant or finished procedures does not pay for data it does
+    /// not need yet. Data this build can no longer read is found then: the procedure is
+    /// reported by [`Executor::unloadable`] and an error log line, and left in the store
+    /// as it is, never dropped. (Procedures that have not taken a step yet, and records
+    /// written before procflow stored locks in them, are decoded here.)
     ///
     /// # Errors
     ///
@@ -329,12 +337,10 @@ fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, loaded: &Loaded, abor
 /// returns whether it holds them now. A procedure holds them from before its first step:
 /// one that has taken a step, waits, or rolls back held them.
 fn restore_locks<E>(inner: &Inner<E>, launch: &Launch<E>) -> bool {
-    let Ok(locks) = launch.procedure.locks() else {
+    let Ok(locks) = launch.locks() else {
         return false;
     };
-    let started = launch.procedure.steps() > 0
-        || launch.envelope.wait != Wait::Ready
-        || !matches!(launch.procedure.phase(), crate::Phase::Running);
+    let started = has_started(launch.procedure.as_ref(), &launch.envelope);
     if locks.hold() != Hold::ForLife || locks.locks().is_empty() || !started {
         return false;
     }
@@ -348,6 +354,26 @@ fn restore_locks<E>(inner: &Inner<E>, launch: &Launch<E>) -> bool {
         );
     }
     true
+}
+
+/// Whether a procedure has started: it took a step, waits, or rolls back. One that has
+/// not takes its locks before its first step; one that has, held them.
+fn has_started<E>(procedure: &dyn DynProcedure<E>, envelope: &Envelope) -> bool {
+    procedure.steps() > 0
+        || envelope.wait != Wait::Ready
+        || !matches!(procedure.phase(), crate::Phase::Running)
+}
+
+/// Whether a live procedure's data is decoded at start rather than when it next runs:
+/// when only its data can say which locks it holds (an envelope of version 1 does not
+/// record them), or when it has not started (its locks are checked before its first
+/// step, and it runs at once anyway).
+fn must_decode_now<E>(
+    record: &Record,
+    procedure: &dyn DynProcedure<E>,
+    envelope: &Envelope,
+) -> bool {
+    !record.finished && (!records_locks(&record.value) || !has_started(procedure, envelope))
 }
 
 fn rebuild<E: Send + Sync + 'static>(
@@ -370,13 +396,22 @@ fn rebuild<E: Send + Sync + 'static>(
             return None;
         }
     };
-    let procedure = match inner.registry.load(snapshot) {
+    // The data stays encoded until the procedure runs (see `lazy`); the snapshot is the
+    // value's tail, shared with the store.
+    let snapshot = record.value.slice(record.value.len() - snapshot.len()..);
+    let mut procedure = match inner.registry.load_lazy(&snapshot) {
         Ok(procedure) => procedure,
         Err((machine, reason)) => {
             unloadable(machine, reason);
             return None;
         }
     };
+    if must_decode_now(record, procedure.as_ref(), &envelope) {
+        if let Err(error) = procedure.decode() {
+            unloadable(procedure.machine().to_owned(), error.to_string());
+            return None;
+        }
+    }
     let mut ancestors = Vec::new();
     let mut at = record.parent;
     while let Some(parent) = at {

@@ -1,12 +1,14 @@
 //! Procedures of different machines behind one object type, and the registry that rebuilds
 //! them from the store by their machine's stable name.
 
+use super::lazy::Lazy;
 use crate::codec::{self, CodecError};
 use crate::instance::{Instance, Progress};
 use crate::locks::{LockKeyError, Locks};
 use crate::operator::MachineGraph;
 use crate::{Child, Context, Error, Phase, StateMachine};
 use futures_util::future::BoxFuture;
+use procflow_store::Bytes;
 use std::any::TypeId;
 use std::collections::HashMap;
 
@@ -22,9 +24,15 @@ pub(crate) enum DynProgress {
     RolledBack,
     Failed(Error),
     Finished,
+    /// Nothing ran: the procedure's stored data does not decode (why). It is as it was.
+    Unloadable(String),
 }
 
 /// One live procedure of any machine whose environment is `E`.
+///
+/// Everything but [`step`](Self::step) and [`locks`](Self::locks) works on the cursor
+/// alone, so it works as well on a procedure whose data is still stored (see
+/// [`lazy`](super::lazy)).
 pub(crate) trait DynProcedure<E>: Send {
     fn machine(&self) -> &'static str;
     fn state(&self) -> &'static str;
@@ -36,46 +44,62 @@ pub(crate) trait DynProcedure<E>: Send {
     fn completed_len(&self) -> usize;
     fn rollback_floor(&self) -> usize;
     fn past_point_of_no_return(&self) -> bool;
+    /// Runs one step, decoding the data first if it is still stored.
     fn step<'a>(&'a mut self, ctx: &'a Context<E>) -> BoxFuture<'a, DynProgress>;
-    /// See [`Instance::fail_forward`].
+    /// Decodes the data now if it is still stored.
+    ///
+    /// # Errors
+    ///
+    /// Why it does not decode; the procedure is left as it was.
+    fn decode(&mut self) -> Result<(), CodecError>;
+    /// See [`Cursor::fail_forward`](crate::Cursor).
     fn fail_forward(&mut self, error: Error, budget_spent: bool) -> Result<(), Error>;
     fn start_rollback(&mut self, cause: Error);
     /// See [`Cursor::interrupt`](crate::Cursor).
     fn interrupt(&mut self, cause: Error, acted: bool);
     fn fail(&mut self, cause: Error);
     fn encode_into(&self, out: Vec<u8>) -> Result<Vec<u8>, CodecError>;
-    fn locks(&self) -> Result<Locks, LockKeyError>;
+    /// The locks its data declares; `None` while the data is still stored (its envelope
+    /// recorded them).
+    fn locks(&self) -> Option<Result<Locks, LockKeyError>>;
 }
 
-impl<M: StateMachine> DynProcedure<M::Env> for Instance<M> {
+impl<M: StateMachine> DynProcedure<M::Env> for Lazy<M> {
     fn machine(&self) -> &'static str {
         M::NAME
     }
     fn state(&self) -> &'static str {
-        self.cursor.state().name()
+        self.cursor().state().name()
     }
     fn step_state(&self) -> &'static str {
-        let undoing = self.cursor.pending_rollback();
-        undoing.unwrap_or_else(|| self.cursor.state()).name()
+        let cursor = self.cursor();
+        cursor
+            .pending_rollback()
+            .unwrap_or_else(|| cursor.state())
+            .name()
     }
     fn phase(&self) -> &Phase {
-        self.cursor.phase()
+        self.cursor().phase()
     }
     fn steps(&self) -> u64 {
-        self.cursor.steps()
+        self.cursor().steps()
     }
     fn completed_len(&self) -> usize {
-        self.cursor.completed().len()
+        self.cursor().completed().len()
     }
     fn rollback_floor(&self) -> usize {
-        self.cursor.rollback_floor()
+        self.cursor().rollback_floor()
     }
     fn past_point_of_no_return(&self) -> bool {
-        self.cursor.past_point_of_no_return()
+        self.cursor().past_point_of_no_return()
     }
     fn step<'a>(&'a mut self, ctx: &'a Context<M::Env>) -> BoxFuture<'a, DynProgress> {
         Box::pin(async move {
-            match Instance::step(self, ctx).await {
+            let instance = match self.decoded() {
+                Ok(instance) => instance,
+                Err(error) => return DynProgress::Unloadable(error.to_string()),
+            };
+            match Instance::step(instance, ctx).await {
                 Progress::Moved { .. } => DynProgress::Moved,
                 Progress::Spawned(children) => DynProgress::Spawned(children),
                 Progress::Suspended { event, timeout } => DynProgress::Suspended { event, timeout },
@@ -86,36 +110,56 @@ impl<M: StateMachine> DynProcedure<M::Env> for Instance<M> {
             }
         })
     }
+    fn decode(&mut self) -> Result<(), CodecError> {
+        self.decoded().map(drop)
+    }
     fn fail_forward(&mut self, error: Error, budget_spent: bool) -> Result<(), Error> {
-        Instance::fail_forward(self, error, budget_spent)
+        self.cursor_mut().fail_forward(error, budget_spent)
     }
     fn start_rollback(&mut self, cause: Error) {
-        self.cursor.start_rollback(cause);
+        self.cursor_mut().start_rollback(cause);
     }
     fn interrupt(&mut self, cause: Error, acted: bool) {
-        self.cursor.interrupt(cause, acted);
+        self.cursor_mut().interrupt(cause, acted);
     }
     fn fail(&mut self, cause: Error) {
-        self.cursor.fail(cause);
+        self.cursor_mut().fail(cause);
     }
     fn encode_into(&self, out: Vec<u8>) -> Result<Vec<u8>, CodecError> {
-        codec::encode_into(&self.procedure, &self.cursor, out)
+        Lazy::encode_into(self, out)
     }
-    fn locks(&self) -> Result<Locks, LockKeyError> {
-        M::locks(&self.procedure)
+    fn locks(&self) -> Option<Result<Locks, LockKeyError>> {
+        self.procedure().map(M::locks)
     }
 }
 
+/// Rebuilds a procedure of one machine from its snapshot, data decoded.
 type Loader<E> = fn(&[u8]) -> Result<Box<dyn DynProcedure<E>>, CodecError>;
+/// Rebuilds a procedure of one machine from its snapshot, data left encoded.
+type LazyLoader<E> = fn(&Bytes) -> Result<Box<dyn DynProcedure<E>>, CodecError>;
 
 fn load<M: StateMachine>(snapshot: &[u8]) -> Result<Box<dyn DynProcedure<M::Env>>, CodecError> {
     let (procedure, cursor) = codec::decode::<M>(snapshot)?;
-    Ok(Box::new(Instance { procedure, cursor }))
+    Ok(Box::new(Lazy::from(Instance { procedure, cursor })))
+}
+
+fn load_lazy<M: StateMachine>(
+    snapshot: &Bytes,
+) -> Result<Box<dyn DynProcedure<M::Env>>, CodecError> {
+    Ok(Box::new(Lazy::<M>::stored(snapshot)?))
+}
+
+/// What the registry keeps per machine name.
+struct Machine<E> {
+    /// Which type registered the name (one name, two machines is an error).
+    type_id: TypeId,
+    load: Loader<E>,
+    load_lazy: LazyLoader<E>,
 }
 
 /// The machines an executor can run, by stable name.
 pub(crate) struct Registry<E> {
-    loaders: HashMap<&'static str, (TypeId, Loader<E>)>,
+    machines: HashMap<&'static str, Machine<E>>,
     /// A name registered twice by different machines; reported when the executor starts.
     pub(crate) duplicate: Option<&'static str>,
     /// The graph of each machine, stored for tools that lack the machines' types.
@@ -125,17 +169,21 @@ pub(crate) struct Registry<E> {
 impl<E: Send + Sync + 'static> Registry<E> {
     pub(crate) fn new() -> Self {
         Self {
-            loaders: HashMap::new(),
+            machines: HashMap::new(),
             duplicate: None,
             graphs: Vec::new(),
         }
     }
 
     pub(crate) fn register<M: StateMachine<Env = E>>(&mut self) {
-        let entry = (TypeId::of::<M>(), load::<M> as Loader<E>);
-        if let Some((previous, _)) = self.loaders.insert(M::NAME, entry) {
+        let machine = Machine {
+            type_id: TypeId::of::<M>(),
+            load: load::<M>,
+            load_lazy: load_lazy::<M>,
+        };
+        if let Some(previous) = self.machines.insert(M::NAME, machine) {
             // Registering the same machine twice is harmless; two machines, one name is not.
-            if previous != TypeId::of::<M>() {
+            if previous.type_id != TypeId::of::<M>() {
                 self.duplicate.get_or_insert(M::NAME);
             }
             return;
@@ -144,26 +192,49 @@ impl<E: Send + Sync + 'static> Registry<E> {
     }
 
     pub(crate) fn contains(&self, machine: &str) -> bool {
-        self.loaders.contains_key(machine)
+        self.machines.contains_key(machine)
     }
 
     /// Rebuilds a procedure from its snapshot.
     ///
     /// # Errors
     ///
-    /// A message naming the machine when it is not registered or its snapshot cannot be
-    /// read.
+    /// The machine's name (`?` if unreadable) and a message when it is not registered or
+    /// its snapshot cannot be read.
     pub(crate) fn load(
         &self,
         snapshot: &[u8],
     ) -> Result<Box<dyn DynProcedure<E>>, (String, String)> {
-        let machine = codec::machine_name(snapshot)
+        let (name, machine) = self.machine_of(snapshot)?;
+        (machine.load)(snapshot).map_err(|e| (name, e.to_string()))
+    }
+
+    /// Rebuilds a procedure from its snapshot, leaving its data encoded until it runs
+    /// (see [`lazy`](super::lazy)).
+    ///
+    /// # Errors
+    ///
+    /// As [`load`](Self::load), for the snapshot's header: data that no longer decodes is
+    /// found when the procedure next runs.
+    pub(crate) fn load_lazy(
+        &self,
+        snapshot: &Bytes,
+    ) -> Result<Box<dyn DynProcedure<E>>, (String, String)> {
+        let (name, machine) = self.machine_of(snapshot)?;
+        (machine.load_lazy)(snapshot).map_err(|e| (name, e.to_string()))
+    }
+
+    /// The registered machine a snapshot names, with its name.
+    fn machine_of(&self, snapshot: &[u8]) -> Result<(String, &Machine<E>), (String, String)> {
+        let name = codec::machine_name(snapshot)
             .map_err(|e| ("?".to_owned(), e.to_string()))?
             .into_owned();
-        let Some((_, loader)) = self.loaders.get(machine.as_str()) else {
-            let reason = format!("machine `{machine}` is not registered with this executor");
-            return Err((machine, reason));
-        };
-        loader(snapshot).map_err(|e| (machine, e.to_string()))
+        match self.machines.get(name.as_str()) {
+            Some(machine) => Ok((name, machine)),
+            None => {
+                let reason = format!("machine `{name}` is not registered with this executor");
+                Err((name, reason))
+            }
+        }
     }
 }

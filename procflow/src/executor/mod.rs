@@ -50,6 +50,7 @@ mod erased;
 mod error;
 mod hooks;
 mod inner;
+mod lazy;
 pub(crate) mod record;
 mod requests;
 mod runner;
@@ -219,9 +220,10 @@ impl<E: Send + Sync + 'static> Executor<E> {
     ///
     /// # Errors
     ///
-    /// [`ExecutorError::NotFound`] for an unknown id; the executor's stop reason if it
-    /// stops first ([`ExecutorError::Killed`], [`ExecutorError::Store`],
-    /// [`ExecutorError::ShutDown`]).
+    /// [`ExecutorError::NotFound`] for an unknown id, and for a procedure that cannot be
+    /// loaded ([`unloadable`](Self::unloadable)), also one found so while waited for; the
+    /// executor's stop reason if it stops first ([`ExecutorError::Killed`],
+    /// [`ExecutorError::Store`], [`ExecutorError::ShutDown`]).
     ///
     /// # Cancel safety
     ///
@@ -390,7 +392,12 @@ impl<E: Send + Sync + 'static> Executor<E> {
         self.inner.halt_reason()
     }
 
-    /// Stored procedures that could not be loaded at start (left in the store untouched).
+    /// Stored procedures this executor cannot load, left in the store untouched: found at
+    /// start (their machine is not registered, or their record cannot be read), or when
+    /// about to run (their data, kept encoded since the start, no longer decodes; see
+    /// [`ExecutorBuilder::start`]). Such a procedure is not in [`list`](Self::list) or
+    /// [`state`](Self::state) (it leaves them when found), its locks are free, and a
+    /// parent waiting for it fails, naming it.
     #[must_use]
     pub fn unloadable(&self) -> Vec<Unloadable> {
         self.inner.table().unloadable.clone()

@@ -24,6 +24,15 @@ use std::borrow::Cow;
 /// trouble, requests or history) is still read.
 pub(crate) const ENVELOPE_VERSION: u8 = 2;
 
+/// The first envelope version that records the procedure's locks.
+const LOCKS_SINCE: u8 = 2;
+
+/// Whether a stored value's envelope records the procedure's locks: a version 1 envelope
+/// does not, so only the procedure's data can tell them.
+pub(crate) fn records_locks(value: &[u8]) -> bool {
+    value.first().is_some_and(|&version| version >= LOCKS_SINCE)
+}
+
 /// Metadata key holding the first procedure id not yet handed out (u64, little endian).
 pub(crate) const NEXT_ID_KEY: &str = "procflow/next_id";
 /// Metadata key holding the fencing token of the executor that last took the store over
@@ -156,6 +165,15 @@ impl Envelope {
         }
     }
 
+    /// The locks recorded at submit: those the procedure declared, held as it said.
+    pub(crate) fn declared_locks(&self) -> Locks {
+        let locks = Locks::new(self.locks.iter().cloned());
+        match self.hold {
+            Hold::ForLife => locks,
+            Hold::PerStep => locks.per_step(),
+        }
+    }
+
     /// Appends an entry to the history, keeping the newest `keep`.
     pub(crate) fn note(
         &mut self,
@@ -265,6 +283,24 @@ mod tests {
         assert_eq!(back, envelope);
         assert_eq!(rest, b"snapshot");
         assert!(Envelope::decode(&bytes[..3]).is_err());
+    }
+
+    #[test]
+    fn the_locks_recorded_at_submit_read_back_as_declared() {
+        let locks = Locks::new([
+            Lock::exclusive("ns/t1").unwrap(),
+            Lock::shared("ns").unwrap(),
+        ]);
+        for locks in [locks.clone(), locks.per_step()] {
+            let mut envelope = Envelope::new(None, None, &locks);
+            let bytes = envelope.encode(Ok).unwrap();
+            let (back, _) = Envelope::decode(&bytes).unwrap();
+            assert_eq!(back.declared_locks(), locks);
+            assert!(records_locks(&bytes));
+        }
+        // Version 1 recorded none: only the data can tell.
+        assert!(!records_locks(&[1, 0]));
+        assert!(!records_locks(&[]));
     }
 
     #[test]

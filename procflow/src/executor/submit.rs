@@ -9,6 +9,7 @@ use super::SubmitOptions;
 use super::error::{ExecutorError, SubmitError};
 use super::hooks::WriteKind;
 use super::inner::{Inner, Reservation};
+use super::lazy::Lazy;
 use super::record::{Envelope, NONCE_PREFIX, now_ms};
 use super::runner::{self, Launch};
 use crate::instance::Instance;
@@ -60,7 +61,7 @@ where
         reservation,
         value,
         envelope,
-        procedure: Box::new(instance),
+        procedure: Box::new(Lazy::from(instance)),
         claim,
         machine: M::NAME,
     };

@@ -46,7 +46,8 @@ impl<E: Send + Sync + 'static> Runner<E> {
                 .registry
                 .load(child.snapshot())
                 .map_err(|_| Exit)?;
-            let mut envelope = Envelope::new(None, None, &procedure.locks().unwrap_or_default());
+            let locks = procedure.locks().and_then(Result::ok).unwrap_or_default();
+            let mut envelope = Envelope::new(None, None, &locks);
             let value = envelope
                 .encode(|mut out| {
                     out.extend_from_slice(child.snapshot());
@@ -233,7 +234,15 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// A finished child, read back from the store and set to roll back after `cause`;
     /// `None` (logged) when it cannot be read.
     async fn revive(&mut self, id: u64, cause: &Error) -> Result<Option<Launch<E>>, Exit> {
-        let (mut envelope, mut procedure) = match self.read_back(id).await? {
+        let read = self.read_back(id).await?.map(|parts| {
+            // Decoded now: a child whose data no longer decodes is reported here, and its
+            // parent fails naming it, rather than once its rollback step runs.
+            parts.and_then(|(envelope, mut procedure)| match procedure.decode() {
+                Ok(()) => Ok((envelope, procedure)),
+                Err(error) => Err(error.to_string()),
+            })
+        });
+        let (mut envelope, mut procedure) = match read {
             Some(Ok(parts)) => parts,
             Some(Err(reason)) => {
                 tracing::error!(child = id, %reason, "child to undo cannot be read");

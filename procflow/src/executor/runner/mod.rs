@@ -4,10 +4,13 @@
 //! - [`waits`]: waiting for locks, events and retries, and what interrupts a wait (an
 //!   abort, the procedure's deadline);
 //! - [`children`]: starting children, waiting for them, stopping and undoing them;
-//! - [`dormant`]: a procedure that waits has no task: it parks until roused.
+//! - [`dormant`]: a procedure that waits has no task: it parks until roused;
+//! - [`unloadable`]: a procedure whose stored data no longer decodes, found as it is
+//!   about to run.
 
 mod children;
 mod dormant;
+mod unloadable;
 mod waits;
 
 use super::erased::{DynProcedure, DynProgress};
@@ -17,7 +20,7 @@ use super::inner::{Entry, Inner, Settled};
 use super::record::{Envelope, Trouble, Wait, now_ms};
 use super::status::{ProcedureInfo, Status, status_of};
 use super::wakes::StepStart;
-use crate::locks::{Hold, Locks};
+use crate::locks::{Hold, LockKeyError, Locks};
 use crate::operator::history::{StepKind, StepOutcome};
 use crate::{Context, Error, Phase, ProcedureId};
 use futures_util::FutureExt;
@@ -107,6 +110,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
         let stuck_since = trouble
             .and_then(|t| t.stuck_since_ms)
             .map(crate::operator::history::time_of);
+        let locks = launch.locks().map_err(Error::fatal_from);
         Runner {
             ctx: Context::new(ProcedureId::new(launch.id), Arc::clone(&inner.env))
                 .with_fencing_token(inner.fencing_token),
@@ -114,7 +118,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             id: launch.id,
             parent: launch.parent,
             ancestors: launch.ancestors,
-            locks: launch.procedure.locks().map_err(Error::fatal_from),
+            locks,
             holding: launch.holding,
             procedure: launch.procedure,
             envelope: launch.envelope,
@@ -142,6 +146,14 @@ pub(crate) fn insert_entry<E>(inner: &Inner<E>, launch: &Launch<E>) -> Arc<Notif
 }
 
 impl<E> Launch<E> {
+    /// The locks it declares: its data's, or, while its data is still stored, those its
+    /// envelope recorded when it was submitted (`builder::must_decode_now` says when
+    /// the envelope cannot be used, and the data is decoded at start instead).
+    pub(crate) fn locks(&self) -> Result<Locks, LockKeyError> {
+        let recorded = || Ok(self.envelope.declared_locks());
+        self.procedure.locks().unwrap_or_else(recorded)
+    }
+
     /// The public snapshot of the procedure about to start.
     fn info(&self) -> ProcedureInfo {
         describe(
@@ -343,7 +355,10 @@ impl<E: Send + Sync + 'static> Runner<E> {
             )),
             DynProgress::Suspended { event, .. } => Some(StepOutcome::Suspended(event.clone())),
             DynProgress::RolledBack => Some(StepOutcome::Undone),
-            DynProgress::Yielded | DynProgress::Failed(_) | DynProgress::Finished => None,
+            DynProgress::Yielded
+            | DynProgress::Failed(_)
+            | DynProgress::Finished
+            | DynProgress::Unloadable(_) => None,
         };
         if let Some(outcome) = outcome {
             let (state, kind) = self.ran;
@@ -388,6 +403,10 @@ impl<E: Send + Sync + 'static> Runner<E> {
             }
             DynProgress::Failed(error) => Box::pin(self.on_failure(error)).await,
             DynProgress::Finished => Ok(()),
+            DynProgress::Unloadable(reason) => {
+                self.give_up_unloadable(reason);
+                Err(Exit)
+            }
         }
     }
 
@@ -665,8 +684,9 @@ impl<E: Send + Sync + 'static> Runner<E> {
         Ok(())
     }
 
-    /// Procedure `id` as the store holds it: `None` if it is not there, the reason if it
-    /// cannot be read. A store failure halts the executor.
+    /// Procedure `id` as the store holds it, its data left encoded until it runs: `None`
+    /// if it is not there, the reason if it cannot be read. A store failure halts the
+    /// executor.
     async fn read_back(&mut self, id: u64) -> Result<Option<Result<Loaded<E>, String>>, Exit> {
         let record = match self.inner.store.get(id).await {
             Ok(Some(record)) => record,
@@ -677,10 +697,14 @@ impl<E: Send + Sync + 'static> Runner<E> {
             }
         };
         let loaded = Envelope::decode(&record.value).and_then(|(envelope, snapshot)| {
+            // The data stays encoded until the procedure runs (see `lazy`): data that no
+            // longer decodes leaves this procedure unloadable instead of stopping the
+            // executor.
+            let snapshot = record.value.slice(record.value.len() - snapshot.len()..);
             let procedure = self
                 .inner
                 .registry
-                .load(snapshot)
+                .load_lazy(&snapshot)
                 .map_err(|(_, reason)| reason)?;
             Ok((envelope, procedure))
         });

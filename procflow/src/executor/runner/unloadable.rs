@@ -1,0 +1,51 @@
+//! A procedure whose stored data no longer decodes, found as it is about to run.
+//!
+//! A procedure loaded from the store keeps its data encoded until its next step (see
+//! [`lazy`](crate::executor::lazy)). If this build's procedure type cannot read that
+//! data, the procedure is treated as one found unloadable at start: listed by
+//! [`Executor::unloadable`](crate::executor::Executor::unloadable), logged, and left in
+//! the store as it is, for an operator or a build that reads it.
+
+use super::Runner;
+use crate::ProcedureId;
+use crate::executor::inner::Settled;
+use crate::executor::status::Unloadable;
+use std::sync::atomic::Ordering;
+
+impl<E: Send + Sync + 'static> Runner<E> {
+    /// Lets the procedure go without writing it: the store keeps its last record. Its
+    /// locks are given back and its entry leaves the table, as if it had never loaded:
+    /// `wait` and subscribers see it gone ([`NotFound`]), a parent finds its child
+    /// missing (and fails naming it), an operator's pending request is refused.
+    ///
+    /// [`NotFound`]: crate::executor::ExecutorError::NotFound
+    pub(super) fn give_up_unloadable(&mut self, reason: String) {
+        let machine = self.procedure.machine();
+        tracing::error!(
+            id = self.id,
+            machine,
+            state = self.procedure.state(),
+            %reason,
+            "procedure data cannot be decoded; left in the store"
+        );
+        self.release_locks();
+        self.settle_requests(&Settled::Refused(format!("it cannot be loaded: {reason}")));
+        if self.parent.is_none() {
+            self.inner.live_roots.fetch_sub(1, Ordering::AcqRel);
+        }
+        let mut table = self.inner.table();
+        table.unloadable.push(Unloadable {
+            id: ProcedureId::new(self.id),
+            machine: machine.to_owned(),
+            reason,
+        });
+        let entry = table.procs.remove(&self.id);
+        if let Some(parent) = self.parent.and_then(|parent| table.procs.get_mut(&parent)) {
+            parent.rouse();
+        }
+        drop(table);
+        // Outside the table's lock: dropping the entry tells its subscribers and the
+        // callers of `wake` waiting on it.
+        drop(entry);
+    }
+}
