@@ -281,7 +281,7 @@ pub(crate) struct Repr<'a> {
     pub(crate) phase: Phase,
 }
 
-/// Written field by field as a [`Repr`] would be, without building one: the cursor is
+/// Written field by field as a `Repr` would be, without building one: the cursor is
 /// encoded on every step, and a `Repr` costs two vectors to allocate and drop each time.
 /// A unit test checks the bytes are the same.
 impl<M: StateMachine> Serialize for Cursor<M> {
