@@ -211,7 +211,15 @@ proptest! {
         let mut bytes = log.bytes[..cut].to_vec();
         bytes.extend(garbage);
         let (_, result) = rt.block_on(open_with(&env, &bytes));
-        let complete = log.lengths.iter().filter(|&&len| len <= cut).count() - 1;
+        // Complete: every byte of the record is there. Garbage that happens to repeat the
+        // bytes the cut removed completes a record again (cut one byte short of a record
+        // ending in 1, garbage [1]: proptest found it).
+        let complete = log
+            .lengths
+            .iter()
+            .filter(|&&len| bytes.get(..len) == Some(&log.bytes[..len]))
+            .count()
+            - 1;
         prop_assert_eq!(result.unwrap(), log.states[complete].clone());
     }
 }
