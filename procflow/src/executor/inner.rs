@@ -8,6 +8,7 @@ use super::record::NEXT_ID_KEY;
 use super::status::{ProcedureInfo, Unloadable};
 use super::timers::Timers;
 use super::wakes::WakeLog;
+use super::watched::Watched;
 use crate::locks::LockTable;
 use crate::{Error, ProcedureId};
 use procflow_store::{Batch, Op, Store, StoreError};
@@ -132,7 +133,7 @@ pub(crate) enum Settled {
 pub(crate) struct Parked(pub(crate) Box<dyn FnOnce() + Send>);
 
 pub(crate) struct Entry {
-    pub(crate) info: watch::Sender<ProcedureInfo>,
+    pub(crate) info: Watched,
     /// Wakes the procedure's task: its event fired, or one of its children ended (see
     /// [`Entry::rouse`]).
     pub(crate) wake: Arc<Notify>,
@@ -405,14 +406,8 @@ impl<E> Inner<E> {
     /// woken for a snapshot they have already seen (a resumed procedure republishes the
     /// one its entry was created with).
     pub(crate) fn publish(&self, info: ProcedureInfo) {
-        if let Some(entry) = self.table().procs.get(&info.id.get()) {
-            entry.info.send_if_modified(|current| {
-                let changed = *current != info;
-                if changed {
-                    *current = info;
-                }
-                changed
-            });
+        if let Some(entry) = self.table().procs.get_mut(&info.id.get()) {
+            entry.info.send_if_changed(info);
         }
     }
 

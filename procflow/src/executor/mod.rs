@@ -59,6 +59,7 @@ mod submit;
 mod timers;
 mod view;
 mod wakes;
+mod watched;
 
 pub use builder::ExecutorBuilder;
 pub use config::{Config, RetryPolicy};
@@ -283,7 +284,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
         self.inner
             .table()
             .procs
-            .get(&id.get())
+            .get_mut(&id.get())
             .map(|entry| entry.info.subscribe())
     }
 

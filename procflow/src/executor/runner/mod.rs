@@ -20,6 +20,7 @@ use super::inner::{Entry, Inner, Settled};
 use super::record::{Envelope, Trouble, Wait, now_ms};
 use super::status::{ProcedureInfo, Status, status_of};
 use super::wakes::StepStart;
+use super::watched::Watched;
 use crate::locks::{Hold, LockKeyError, Locks};
 use crate::operator::history::{StepKind, StepOutcome};
 use crate::{Context, Error, Phase, ProcedureId};
@@ -29,7 +30,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
-use tokio::sync::{Notify, watch};
+use tokio::sync::Notify;
 use tracing::Instrument;
 
 /// A stored procedure, decoded.
@@ -172,7 +173,7 @@ fn insert_entry_locked<E>(
     info: ProcedureInfo,
 ) -> Arc<Notify> {
     let entry = table.procs.entry(launch.id).or_insert_with(|| Entry {
-        info: watch::Sender::new(info),
+        info: Watched::new(info),
         wake: Arc::new(Notify::new()),
         parked: None,
         abort: None,

@@ -1,0 +1,101 @@
+//! A procedure's public snapshot, with a watch channel only once someone subscribes.
+//!
+//! Every table entry holds its procedure's [`ProcedureInfo`]. A `tokio::sync::watch`
+//! channel costs about 530 bytes (its shared state has nine `Notify`s), more than half
+//! a dormant procedure's own footprint; most procedures are never subscribed to while
+//! they wait. So the entry keeps the snapshot itself, and makes the channel when the
+//! first subscriber asks (`Executor::subscribe`, `wait`), from then on sending every
+//! change through it. The API mirrors `watch::Sender`'s, so callers read the same.
+
+use super::status::ProcedureInfo;
+use tokio::sync::watch;
+
+/// See the [module docs](self).
+pub(crate) struct Watched {
+    current: ProcedureInfo,
+    channel: Option<watch::Sender<ProcedureInfo>>,
+}
+
+impl Watched {
+    pub(crate) fn new(info: ProcedureInfo) -> Self {
+        Self {
+            current: info,
+            channel: None,
+        }
+    }
+
+    /// The current snapshot.
+    pub(crate) fn borrow(&self) -> &ProcedureInfo {
+        &self.current
+    }
+
+    /// A receiver of every later snapshot, seeing the current one as seen.
+    pub(crate) fn subscribe(&mut self) -> watch::Receiver<ProcedureInfo> {
+        let current = &self.current;
+        self.channel
+            .get_or_insert_with(|| watch::Sender::new(current.clone()))
+            .subscribe()
+    }
+
+    /// Replaces the snapshot and tells the subscribers.
+    pub(crate) fn send_replace(&mut self, info: ProcedureInfo) {
+        if let Some(channel) = &self.channel {
+            channel.send_replace(info.clone());
+        }
+        self.current = info;
+    }
+
+    /// Replaces the snapshot if it changed, telling the subscribers only then.
+    pub(crate) fn send_if_changed(&mut self, info: ProcedureInfo) {
+        if self.current != info {
+            self.send_replace(info);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ProcedureId;
+    use crate::executor::Status;
+
+    fn info(steps: u64) -> ProcedureInfo {
+        ProcedureInfo {
+            id: ProcedureId::new(1),
+            parent: None,
+            machine: "m",
+            status: Status::Runnable,
+            state: "S",
+            steps,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn a_subscriber_sees_the_snapshot_it_joined_at_and_every_change_after() {
+        let mut watched = Watched::new(info(0));
+        watched.send_replace(info(1));
+        let mut rx = watched.subscribe();
+        assert_eq!(rx.borrow_and_update().steps, 1);
+        watched.send_if_changed(info(1));
+        assert!(
+            !rx.has_changed().unwrap(),
+            "an unchanged snapshot is not sent"
+        );
+        watched.send_if_changed(info(2));
+        assert!(rx.has_changed().unwrap());
+        assert_eq!(rx.borrow_and_update().steps, 2);
+        assert_eq!(watched.borrow().steps, 2);
+        // A second subscriber shares the channel.
+        let second = watched.subscribe();
+        assert_eq!(second.borrow().steps, 2);
+    }
+
+    #[test]
+    fn subscribers_see_the_channel_close_when_the_entry_goes() {
+        let mut watched = Watched::new(info(0));
+        let rx = watched.subscribe();
+        drop(watched);
+        assert!(rx.has_changed().is_err());
+    }
+}
