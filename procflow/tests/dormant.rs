@@ -133,16 +133,7 @@ async fn submit_accounts(
 }
 
 async fn status_is(executor: &Executor<Env>, id: ProcedureId, wanted: impl Fn(&Status) -> bool) {
-    let mut info = executor.subscribe(id).unwrap();
-    let waited = tokio::time::timeout(
-        Duration::from_secs(60),
-        info.wait_for(|i| wanted(&i.status)),
-    );
-    let status = executor.state(id).map(|i| i.status);
-    waited
-        .await
-        .unwrap_or_else(|_| panic!("{id}: still {status:?}"))
-        .unwrap();
+    common::status_is(executor, id, Duration::from_secs(60), wanted).await;
 }
 
 async fn all_suspended(executor: &Executor<Env>, ids: &[ProcedureId]) {

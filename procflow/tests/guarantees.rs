@@ -225,11 +225,7 @@ async fn outcome(executor: &Executor<Ledger>, id: ProcedureId) -> Outcome {
 }
 
 async fn status_is(executor: &Executor<Ledger>, id: ProcedureId, wanted: impl Fn(&Status) -> bool) {
-    let mut info = executor.subscribe(id).unwrap();
-    tokio::time::timeout(PATIENCE, info.wait_for(|i| wanted(&i.status)))
-        .await
-        .unwrap_or_else(|_| panic!("status never reached: {:?}", executor.state(id)))
-        .unwrap();
+    common::status_is(executor, id, PATIENCE, wanted).await;
 }
 
 /// Submit options with a timeout of `ms` milliseconds.

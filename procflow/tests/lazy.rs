@@ -214,16 +214,7 @@ async fn restart(
 }
 
 async fn status_is(executor: &Executor<Env>, id: ProcedureId, wanted: impl Fn(&Status) -> bool) {
-    let mut info = executor.subscribe(id).unwrap();
-    let waited = tokio::time::timeout(
-        Duration::from_secs(30),
-        info.wait_for(|i| wanted(&i.status)),
-    );
-    let status = executor.state(id).map(|i| i.status);
-    waited
-        .await
-        .unwrap_or_else(|_| panic!("{id}: still {status:?}"))
-        .unwrap();
+    common::status_is(executor, id, Duration::from_secs(30), wanted).await;
 }
 
 fn suspended(status: &Status) -> bool {

@@ -352,3 +352,18 @@ macro_rules! on_both_stores {
         }
     };
 }
+
+/// Waits until procedure `id`'s status satisfies `wanted`; after `patience`, fails the
+/// test with the status it is stuck in instead of hanging.
+pub async fn status_is<E: Send + Sync + 'static>(
+    executor: &Executor<E>,
+    id: procflow::ProcedureId,
+    patience: Duration,
+    wanted: impl Fn(&procflow::executor::Status) -> bool,
+) {
+    let mut info = executor.subscribe(id).unwrap();
+    tokio::time::timeout(patience, info.wait_for(|i| wanted(&i.status)))
+        .await
+        .unwrap_or_else(|_| panic!("{id}: status never reached: {:?}", executor.state(id)))
+        .unwrap();
+}
