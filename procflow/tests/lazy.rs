@@ -384,6 +384,9 @@ async fn a_ready_procedure_whose_data_no_longer_decodes_leaves_its_record_as_it_
     let id = executor.submit(job).await.unwrap();
     executor.stopped().await;
     assert!(matches!(executor.halted(), Some(ExecutorError::Killed)));
+    // Its tasks end after the mode changed; until they have, they hold the WAL open (the
+    // reopen below would find it locked). A halted executor's shutdown waits for them.
+    let _ = executor.shutdown().await;
     drop(executor);
     let before = stored(&store, id).await;
 
