@@ -34,7 +34,18 @@ pub struct WalConfig {
     pub segment_size: u64,
     /// When a commit counts as durable. Default: [`SyncMode::Durable`].
     pub sync: SyncMode,
-    /// How long a commit that is the only one in flight polls for its answer before it
+    /// Whether a commit that is the only one in flight, with the committer thread idle,
+    /// is written and synced on the calling thread instead. That saves the two hand-offs
+    /// between threads (to the committer and back), which cost one procedure at a time
+    /// about a sixth of its steps/s on the machine of docs/BENCHMARKS.md. The price: the
+    /// calling thread, a Tokio worker, is blocked for one `write` and `fdatasync` (a
+    /// fraction of a millisecond on an SSD, longer on a slow disk), and tasks queued on
+    /// it wait for another worker to steal them. Never done on a current-thread runtime,
+    /// whose one thread runs everything. `false`: every commit goes through the
+    /// committer thread. Default: `true`.
+    pub inline_lone_commit: bool,
+    /// How long a commit that is the only one in flight, and not served inline (see
+    /// [`inline_lone_commit`](Self::inline_lone_commit)), polls for its answer before it
     /// sleeps. Waking a sleeping Tokio worker thread takes tens of microseconds, a good
     /// part of an `fdatasync`; polling keeps one worker busy instead, only while a single
     /// commit is in flight, and never where the process may use only one CPU. It polls
@@ -48,6 +59,7 @@ impl Default for WalConfig {
         WalConfig {
             segment_size: 64 << 20,
             sync: SyncMode::Durable,
+            inline_lone_commit: true,
             spin_wait: Duration::from_micros(500),
         }
     }

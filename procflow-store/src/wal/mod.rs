@@ -43,7 +43,10 @@ use std::collections::BTreeMap;
 ///   not at all.
 /// * **Group commit**: one thread of the store's own (`procflow-wal`) writes every
 ///   queued batch and makes them durable with one `fdatasync`; commits wait for it
-///   without blocking a Tokio worker.
+///   without blocking a Tokio worker. A commit alone in flight, found with nothing
+///   queued, is written and synced by its caller instead, which blocks the caller's
+///   thread for that time but saves two hand-offs between threads
+///   ([`WalConfig::inline_lone_commit`]; never on a current-thread runtime).
 /// * **Compaction**: segments roll at [`WalConfig::segment_size`]; live entries left in
 ///   old segments are rewritten forward so old segments can be deleted, keeping disk use
 ///   within about twice the live data plus one segment.
@@ -285,16 +288,57 @@ impl Inner {
         self.config.sync == SyncMode::Durable
     }
 
-    /// Hands `request` to the committer thread and waits for its answer. `closed` is the
-    /// answer if the committer has stopped after a close.
-    async fn request(
-        &self,
-        request: impl FnOnce(committer::Reply) -> Request,
-        closed: Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
+    /// Commits `batch`: on this thread if it is the only commit in flight and nothing is
+    /// being served ([`WalConfig::inline_lone_commit`]), else through the committer.
+    async fn commit(&self, batch: Batch) -> Result<(), StoreError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         let in_flight = InFlight::enter(&self.in_flight);
-        if self.queue.push(request(reply)).is_err() {
+        let mut request = Request::Commit(batch, reply);
+        if in_flight.alone && self.may_serve_inline() {
+            request = match self.serve_inline(request) {
+                Ok(()) => return Self::answered(answer),
+                Err(refused) => refused,
+            };
+        }
+        self.hand_over(request, answer, in_flight, Err(StoreError::Closed))
+            .await
+    }
+
+    /// Whether a lone commit may block this thread for its write and sync.
+    fn may_serve_inline(&self) -> bool {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        self.config.inline_lone_commit
+            && Handle::try_current()
+                .map_or(true, |h| h.runtime_flavor() != RuntimeFlavor::CurrentThread)
+    }
+
+    /// The answer of a commit served inline: already there.
+    fn answered(
+        mut answer: tokio::sync::oneshot::Receiver<Result<(), StoreError>>,
+    ) -> Result<(), StoreError> {
+        // A missing answer means serving it panicked, which poisoned the store.
+        answer.try_recv().unwrap_or(Err(StoreError::Poisoned))
+    }
+
+    /// Asks the committer thread to close the store and waits for its answer.
+    async fn close(&self) -> Result<(), StoreError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let in_flight = InFlight::enter(&self.in_flight);
+        // Closing twice is fine: the second finds the committer stopped.
+        self.hand_over(Request::Close(reply), answer, in_flight, Ok(()))
+            .await
+    }
+
+    /// Hands `request` to the committer thread and waits for `answer`, its reply.
+    /// `closed` is the answer if the committer has stopped after a close.
+    async fn hand_over(
+        &self,
+        request: Request,
+        answer: tokio::sync::oneshot::Receiver<Result<(), StoreError>>,
+        in_flight: InFlight<'_>,
+        closed: Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        if self.queue.push(request).is_err() {
             return if self.is_poisoned() {
                 Err(StoreError::Poisoned)
             } else {
@@ -401,18 +445,17 @@ fn blocking<T: Send + 'static>(
 ///
 /// [`Store::load`], [`Store::get`] and [`Store::list`] must be called within a Tokio
 /// runtime: they copy from the in-memory state on its blocking thread pool. `commit` and
-/// `close` talk to the store's own thread and need no runtime.
+/// `close` need no runtime: they talk to the store's own thread, or a lone commit writes
+/// and syncs on the calling thread.
 ///
 /// # Cancel safety
 ///
-/// Dropping a `commit` future does not cancel the commit: it completes in the background
-/// and may or may not become durable.
+/// Dropping a `commit` future does not cancel the commit: once polled, it completes in
+/// the background and may or may not become durable. (A commit served inline is durable,
+/// or has failed, before its first poll returns.)
 impl Store for WalStore {
     fn commit(&self, batch: Batch) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(self.inner.request(
-            |reply| Request::Commit(batch, reply),
-            Err(StoreError::Closed),
-        ))
+        Box::pin(self.inner.commit(batch))
     }
 
     fn load(&self) -> BoxFuture<'_, Result<Loaded, StoreError>> {
@@ -439,8 +482,7 @@ impl Store for WalStore {
     }
 
     fn close(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        // Closing twice is fine: the second finds the committer stopped.
-        Box::pin(self.inner.request(Request::Close, Ok(())))
+        Box::pin(self.inner.close())
     }
 }
 
