@@ -92,12 +92,11 @@ pub(crate) fn resolve(
     ops: Vec<Op>,
     mut parent_of: impl FnMut(ProcId) -> Option<Option<ProcId>>,
 ) -> Result<(Vec<Change>, Vec<ProcId>), StoreError> {
-    // The parent of every id the batch has touched so far; `None` = deleted.
-    let mut overlay: HashMap<ProcId, Option<Option<ProcId>>> = HashMap::new();
+    let mut overlay = Overlay::for_ops(ops.len());
     let mut looked_up = Vec::new();
     let mut changes = Vec::with_capacity(ops.len());
     for op in ops {
-        changes.push(match op {
+        let change = match op {
             Op::Put { id, parent, value } => {
                 overlay.insert(id, Some(parent));
                 Change::Put {
@@ -108,8 +107,8 @@ pub(crate) fn resolve(
                 }
             }
             Op::Finish { id, value } => {
-                let parent = match overlay.get(&id) {
-                    Some(Some(parent)) => *parent,
+                let parent = match overlay.get(id, &changes) {
+                    Some(Some(parent)) => parent,
                     Some(None) => return Err(StoreError::UnknownProcedure(id)),
                     None => {
                         let parent = parent_of(id).ok_or(StoreError::UnknownProcedure(id))?;
@@ -133,9 +132,57 @@ pub(crate) fn resolve(
                 value: value.into(),
             },
             Op::DeleteMeta { key } => Change::DeleteMeta { key },
-        });
+        };
+        changes.push(change);
     }
     Ok((changes, looked_up))
+}
+
+/// The parent of every id a batch has touched so far (`None`: deleted), for its later
+/// `Finish` ops. A small batch (a procedure's step is one or two ops) searches its own
+/// changes, newest first, instead of building a map: a map allocates on every batch,
+/// and the committer thread resolves every batch.
+enum Overlay {
+    /// Search the changes made so far.
+    Scan,
+    Map(HashMap<ProcId, Option<Option<ProcId>>>),
+}
+
+/// Up to this many ops, [`Overlay::Scan`].
+const SCANNED_OPS: usize = 16;
+
+impl Overlay {
+    fn for_ops(ops: usize) -> Self {
+        if ops <= SCANNED_OPS {
+            Overlay::Scan
+        } else {
+            Overlay::Map(HashMap::new())
+        }
+    }
+
+    /// Notes that `id` now has `parent` (`None`: deleted); a scan finds it in the change
+    /// the caller pushes next.
+    fn insert(&mut self, id: ProcId, parent: Option<Option<ProcId>>) {
+        if let Overlay::Map(map) = self {
+            map.insert(id, parent);
+        }
+    }
+
+    /// What the batch so far says of `id`: `None` if it has not touched it.
+    fn get(&self, id: ProcId, changes: &[Change]) -> Option<Option<Option<ProcId>>> {
+        match self {
+            Overlay::Map(map) => map.get(&id).copied(),
+            Overlay::Scan => changes.iter().rev().find_map(|change| match *change {
+                Change::Put {
+                    id: touched,
+                    parent,
+                    ..
+                } if touched == id => Some(Some(parent)),
+                Change::Delete { id: touched } if touched == id => Some(None),
+                _ => None,
+            }),
+        }
+    }
 }
 
 /// Records, metadata and the highest fencing token committed.
@@ -276,6 +323,49 @@ mod tests {
             .prepare(Batch::new().delete(1).finish(1, vec![]), &Limits::default())
             .unwrap_err();
         assert!(matches!(err, StoreError::UnknownProcedure(1)));
+    }
+
+    /// A batch's `Finish` sees the batch's own earlier ops whether it is small (the
+    /// changes are searched) or large (a map is kept): the same answers both ways.
+    #[test]
+    fn finish_sees_earlier_ops_of_small_and_large_batches() {
+        let state = state_with(Batch::new().put(7, Some(70), vec![]));
+        let padded = |batch: Batch, pad: usize| {
+            (0..pad).fold(batch, |batch, n| batch.put_meta(format!("pad{n}"), vec![]))
+        };
+        for pad in [0, SCANNED_OPS] {
+            let parent_after = |batch: Batch| {
+                let prepared = state.prepare(padded(batch, pad), &Limits::default())?;
+                let finished = prepared.changes.iter().rev().find_map(|c| match c {
+                    Change::Put {
+                        parent,
+                        finished: true,
+                        ..
+                    } => Some(*parent),
+                    _ => None,
+                });
+                Ok::<_, StoreError>(finished.expect("a finished put"))
+            };
+            let ops = pad + 2;
+            // Put then Finish in the batch: the batch's parent, not the stored one.
+            let got = parent_after(Batch::new().put(7, Some(71), vec![]).finish(7, vec![]));
+            assert_eq!(got.unwrap(), Some(71), "{ops} ops");
+            // Only the stored record: its parent.
+            let got = parent_after(Batch::new().put(8, None, vec![]).finish(7, vec![]));
+            assert_eq!(got.unwrap(), Some(70), "{ops} ops");
+            // Deleted earlier in the batch: unknown, though the store has it.
+            let got = parent_after(Batch::new().delete(7).finish(7, vec![]));
+            assert!(
+                matches!(got, Err(StoreError::UnknownProcedure(7))),
+                "{ops} ops"
+            );
+            // Deleted, then put again: the new parent.
+            let batch = Batch::new()
+                .delete(7)
+                .put(7, None, vec![])
+                .finish(7, vec![]);
+            assert_eq!(parent_after(batch).unwrap(), None, "{ops} ops");
+        }
     }
 
     #[test]

@@ -35,6 +35,9 @@ use super::{Inner, Log, compaction, record};
 use crate::error::StoreError;
 use crate::store::{Batch, Limits};
 
+/// The largest record buffer kept between records.
+const SCRATCH_KEPT: usize = 1 << 20;
+
 /// How long the idle thread polls the queue before it sleeps on the condition variable.
 const SPIN: Duration = Duration::from_micros(100);
 
@@ -281,17 +284,24 @@ fn write(inner: &Inner, log: &mut Log, batch: Batch) -> Result<(), Fault> {
         .state
         .prepare(batch, &Limits::default())
         .map_err(Fault::Refused)?;
-    let bytes = record::encode(
+    let Log {
+        writer, scratch, ..
+    } = log;
+    record::encode_into(
+        scratch,
         record::KIND_BATCH,
-        log.writer.next_seq(),
+        writer.next_seq(),
         prepared.fencing_token,
         &prepared.changes,
     )
     .map_err(Fault::Refused)?;
-    let segment = log
-        .writer
-        .write(&bytes)
+    let segment = writer
+        .write(scratch)
         .map_err(|e| Fault::Io(inner.poison(e)))?;
+    if scratch.capacity() > SCRATCH_KEPT {
+        // One huge batch should not pin its size in memory for good.
+        *scratch = Vec::new();
+    }
     log.state.observe_token(prepared.fencing_token);
     for change in prepared.changes {
         log.index.note(segment, &change);

@@ -129,6 +129,8 @@ struct Log {
     closed: bool,
     /// Held until close or drop.
     lock: Option<DirLock>,
+    /// The record being written: one buffer for all of them.
+    scratch: Vec<u8>,
 }
 
 impl WalStore {
@@ -183,6 +185,7 @@ impl WalStore {
                 writer,
                 closed: false,
                 lock: Some(lock),
+                scratch: Vec::new(),
             }),
             queue: Queue::new(spin),
             in_flight: AtomicUsize::new(0),

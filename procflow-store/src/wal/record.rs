@@ -111,11 +111,25 @@ pub(crate) fn encode(
     fencing_token: Option<u64>,
     changes: &[Change],
 ) -> Result<Vec<u8>, StoreError> {
-    let mut out = vec![0; RECORD_HEADER_LEN];
-    let mut out = postcard::to_extend(changes, std::mem::take(&mut out)).map_err(|e| {
-        StoreError::Encoding {
-            reason: e.to_string(),
-        }
+    let mut out = Vec::new();
+    encode_into(&mut out, kind, seq, fencing_token, changes)?;
+    Ok(out)
+}
+
+/// Like [`encode`], into `out`, which is cleared first: the committer reuses one buffer
+/// rather than allocating and freeing one per record.
+pub(crate) fn encode_into(
+    out: &mut Vec<u8>,
+    kind: u8,
+    seq: u64,
+    fencing_token: Option<u64>,
+    changes: &[Change],
+) -> Result<(), StoreError> {
+    let mut buffer = std::mem::take(out);
+    buffer.clear();
+    buffer.resize(RECORD_HEADER_LEN, 0);
+    *out = postcard::to_extend(changes, buffer).map_err(|e| StoreError::Encoding {
+        reason: e.to_string(),
     })?;
     let payload_len = out.len() - RECORD_HEADER_LEN;
     let payload_len = u32::try_from(payload_len).map_err(|_| StoreError::TooLarge {
@@ -138,7 +152,7 @@ pub(crate) fn encode(
     out[PAYLOAD_CRC_OFFSET..PAYLOAD_CRC_OFFSET + 4].copy_from_slice(&payload_crc.to_le_bytes());
     let header_crc = crc32c::crc32c(&out[..HEADER_CRC_OFFSET]);
     out[HEADER_CRC_OFFSET..RECORD_HEADER_LEN].copy_from_slice(&header_crc.to_le_bytes());
-    Ok(out)
+    Ok(())
 }
 
 /// Decodes and verifies the header at the start of `buf`.
