@@ -322,7 +322,7 @@ mod tests {
         assert_eq!(envelope.nonce.as_deref(), Some("n"));
         assert_eq!(envelope.finished_ms, Some(2_000));
         assert_eq!(envelope.updated_ms, 2_000);
-        assert!(envelope.history.marks.is_empty());
+        assert_eq!(envelope.history.len(), 0);
         assert_eq!(rest, b"snapshot");
         assert!(Envelope::decode(&[3, 0]).unwrap_err().contains("version 3"));
     }

@@ -87,112 +87,172 @@ pub(crate) struct Mark {
 /// The newest entries of a procedure's history, oldest first, and how many older ones
 /// were dropped to keep the record small.
 ///
-/// Every write of the procedure stores the whole history, so the history keeps its
-/// entries encoded as well ([`write_to`](Self::write_to) appends those bytes): a write
-/// then costs a copy of the history, not an encoding of each entry.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+/// The entries are kept only as postcard writes them, one after the other: every write
+/// of the procedure stores the whole history, which is then a copy of those bytes
+/// ([`write_to`](Self::write_to)), and a procedure loaded at start and left waiting holds
+/// a tenth of an entry's decoded size (a decoded entry owns a `String` or two). They are
+/// decoded only for an operator's view ([`entries`](Self::entries)). Serialized, it is
+/// the same as a struct of a `Vec` of entries and the count of dropped ones.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct History {
-    pub(crate) marks: Vec<Mark>,
-    pub(crate) dropped: u64,
-    #[serde(skip)]
-    encoded: Encoded,
-}
-
-/// `marks` as postcard writes them, one after the other, and each one's length. Not
-/// valid after a decode until the next push rebuilds it (a procedure read at start and
-/// never run again is not encoded again).
-#[derive(Clone, Debug, Default)]
-struct Encoded {
+    /// The kept entries, encoded.
     bytes: Vec<u8>,
-    lens: VecDeque<usize>,
-    valid: bool,
+    /// Each kept entry's length in `bytes`, oldest first.
+    lens: VecDeque<u32>,
+    pub(crate) dropped: u64,
 }
-
-impl PartialEq for History {
-    fn eq(&self, other: &Self) -> bool {
-        (&self.marks, self.dropped) == (&other.marks, other.dropped)
-    }
-}
-
-impl Eq for History {}
 
 impl History {
     /// Appends an entry, dropping the oldest ones beyond `keep` (0 keeps none).
     pub(crate) fn push(&mut self, mark: Mark, keep: usize) {
         if keep == 0 {
             // Nothing is kept (`Config::history: 0`): nothing to encode either.
-            self.dropped += self.marks.len() as u64 + 1;
-            self.marks.clear();
-            self.encoded = Encoded::default();
+            self.dropped += self.lens.len() as u64 + 1;
+            *self = History {
+                dropped: self.dropped,
+                ..History::default()
+            };
             return;
         }
-        if !self.encoded.valid {
-            self.encoded = Encoded::default();
-            self.encoded.valid = self.marks.iter().all(|m| self.encoded.append(m));
+        if self.append(&mark).is_err() {
+            // Not expected (a mark is plain data); an entry that cannot be kept counts
+            // as dropped rather than failing the step.
+            self.dropped += 1;
         }
-        if self.encoded.valid {
-            self.encoded.valid = self.encoded.append(&mark);
-        }
-        self.marks.push(mark);
-        if self.marks.len() > keep {
-            let excess = self.marks.len() - keep;
-            self.marks.drain(..excess);
+        if self.lens.len() > keep {
+            let excess = self.lens.len() - keep;
+            let gone: u32 = self.lens.drain(..excess).sum();
+            self.bytes.drain(..gone as usize);
             self.dropped += excess as u64;
-            let gone: usize = self
-                .encoded
-                .lens
-                .drain(..excess.min(self.encoded.lens.len()))
-                .sum();
-            self.encoded
-                .bytes
-                .drain(..gone.min(self.encoded.bytes.len()));
         }
     }
 
+    /// Encodes `mark` after the kept entries.
+    fn append(&mut self, mark: &Mark) -> postcard::Result<()> {
+        let before = self.bytes.len();
+        let bytes = postcard::to_extend(mark, std::mem::take(&mut self.bytes));
+        // On an error the buffer is gone with it: start again, counting the lost ones.
+        let bytes = bytes.inspect_err(|_| {
+            self.dropped += self.lens.len() as u64;
+            self.lens.clear();
+        })?;
+        self.bytes = bytes;
+        let len = self.bytes.len() - before;
+        self.lens
+            .push_back(u32::try_from(len).map_err(|_| postcard::Error::SerializeBufferFull)?);
+        Ok(())
+    }
+
+    /// How many entries are kept.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.lens.len()
+    }
+
     /// Appends the history's postcard encoding to `out`: the same bytes as serializing
-    /// it, from the kept encoding when it is valid.
+    /// it.
     pub(crate) fn write_to(&self, out: Vec<u8>) -> postcard::Result<Vec<u8>> {
-        if !self.encoded.valid {
-            return postcard::to_extend(self, out);
-        }
-        let mut out = postcard::to_extend(&self.marks.len(), out)?;
-        out.extend_from_slice(&self.encoded.bytes);
+        let mut out = postcard::to_extend(&self.lens.len(), out)?;
+        out.extend_from_slice(&self.bytes);
         postcard::to_extend(&self.dropped, out)
     }
 
     /// How many bytes [`write_to`](Self::write_to) appends, about.
     pub(crate) fn encoded_len(&self) -> usize {
-        self.encoded.bytes.len() + 12
+        self.bytes.len() + 12
+    }
+
+    /// The kept entries, decoded, oldest first.
+    pub(crate) fn marks(&self) -> impl Iterator<Item = Mark> + '_ {
+        let mut rest = self.bytes.as_slice();
+        std::iter::from_fn(move || {
+            // The bytes were encoded here, or checked entry by entry when decoded.
+            let (mark, after) = postcard::take_from_bytes::<Mark>(rest).ok()?;
+            rest = after;
+            Some(mark)
+        })
     }
 
     /// The entries with absolute times, given the submit time.
     pub(crate) fn entries(&self, submitted_ms: u64) -> Vec<HistoryEntry> {
-        self.marks
-            .iter()
+        self.marks()
             .map(|mark| HistoryEntry {
-                state: mark.state.clone().into_owned(),
+                state: mark.state.into_owned(),
                 kind: mark.kind,
                 at: time_of(submitted_ms.saturating_add(mark.after_ms)),
-                outcome: mark.outcome.clone(),
+                outcome: mark.outcome,
             })
             .collect()
     }
 }
 
-impl Encoded {
-    /// Encodes `mark` at the end; false if it cannot be (then the kept encoding is not
-    /// used).
-    fn append(&mut self, mark: &Mark) -> bool {
-        let before = self.bytes.len();
-        match postcard::to_extend(mark, std::mem::take(&mut self.bytes)) {
-            Ok(bytes) => {
-                self.bytes = bytes;
-                self.lens.push_back(self.bytes.len() - before);
-                true
+impl Serialize for History {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut history = serializer.serialize_struct("History", 2)?;
+        history.serialize_field("marks", &Marks(self))?;
+        history.serialize_field("dropped", &self.dropped)?;
+        history.end()
+    }
+}
+
+/// The entries of a [`History`], serialized as a sequence.
+struct Marks<'a>(&'a History);
+
+impl Serialize for Marks<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{Error, SerializeSeq};
+        let mut seq = serializer.serialize_seq(Some(self.0.lens.len()))?;
+        let mut rest = self.0.bytes.as_slice();
+        for _ in 0..self.0.lens.len() {
+            let (mark, after) =
+                postcard::take_from_bytes::<Mark>(rest).map_err(S::Error::custom)?;
+            seq.serialize_element(&mark)?;
+            rest = after;
+        }
+        seq.end()
+    }
+}
+
+impl<'de> Deserialize<'de> for History {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        /// The serialized form; the entries are encoded again one by one as they are
+        /// read, never held decoded together.
+        #[derive(Deserialize)]
+        #[serde(rename = "History")]
+        struct Repr {
+            #[serde(deserialize_with = "encode_marks")]
+            marks: History,
+            dropped: u64,
+        }
+        let Repr { mut marks, dropped } = Repr::deserialize(deserializer)?;
+        marks.dropped = dropped;
+        Ok(marks)
+    }
+}
+
+/// Reads a sequence of entries into a [`History`]'s encoded form.
+fn encode_marks<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<History, D::Error> {
+    struct Entries;
+    impl<'de> serde::de::Visitor<'de> for Entries {
+        type Value = History;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a sequence of history entries")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<History, A::Error> {
+            let mut history = History {
+                lens: VecDeque::with_capacity(seq.size_hint().unwrap_or(0)),
+                ..History::default()
+            };
+            while let Some(mark) = seq.next_element::<Mark>()? {
+                history.append(&mark).map_err(serde::de::Error::custom)?;
             }
-            Err(_) => false,
+            // A procedure read at start may wait long: no spare room.
+            history.bytes.shrink_to_fit();
+            Ok(history)
         }
     }
+    deserializer.deserialize_seq(Entries)
 }
 
 /// A stored wall-clock time (ms since the Unix epoch) as a [`SystemTime`].
@@ -219,7 +279,7 @@ mod tests {
         for n in 0..5 {
             history.push(mark(n), 3);
         }
-        let states: Vec<_> = history.marks.iter().map(|m| m.state.as_ref()).collect();
+        let states: Vec<_> = history.marks().map(|m| m.state).collect();
         assert_eq!(states, ["S2", "S3", "S4"]);
         assert_eq!(history.dropped, 2);
         let entries = history.entries(1_000);
@@ -227,12 +287,26 @@ mod tests {
 
         let mut none = History::default();
         none.push(mark(1), 0);
-        assert!(none.marks.is_empty());
+        assert_eq!(none.len(), 0);
         assert_eq!(none.dropped, 1);
     }
 
-    /// The kept encoding writes the bytes serde would, whatever was pushed and dropped,
-    /// and after a decode (when it is rebuilt at the next push).
+    /// The serialized form of the history as it was when it kept its entries decoded.
+    #[derive(Serialize)]
+    struct Decoded {
+        marks: Vec<Mark>,
+        dropped: u64,
+    }
+
+    fn decoded(history: &History) -> Decoded {
+        Decoded {
+            marks: history.marks().collect(),
+            dropped: history.dropped,
+        }
+    }
+
+    /// The kept encoding writes the bytes serde writes for a vector of entries and the
+    /// dropped count, whatever was pushed and dropped, and after a decode.
     #[test]
     fn the_kept_encoding_is_the_serialized_form() {
         let outcomes = [
@@ -250,25 +324,33 @@ mod tests {
             mark.outcome = outcomes[usize::try_from(n).unwrap() % outcomes.len()].clone();
             history.push(mark, 7);
             let kept = history.write_to(vec![9]).unwrap();
-            assert_eq!(
-                kept,
-                postcard::to_extend(&history, vec![9]).unwrap(),
-                "after {n}"
-            );
+            let reference = postcard::to_extend(&decoded(&history), vec![9]).unwrap();
+            assert_eq!(kept, reference, "after {n}");
+            assert_eq!(postcard::to_extend(&history, vec![9]).unwrap(), reference);
         }
-        let decoded: History =
-            postcard::from_bytes(&postcard::to_stdvec(&history).unwrap()).unwrap();
+        assert_eq!(history.len(), 7);
+        let bytes = postcard::to_stdvec(&history).unwrap();
+        let mut decoded: History = postcard::from_bytes(&bytes).unwrap();
         assert_eq!(decoded, history);
-        let mut decoded = decoded;
-        assert_eq!(
-            decoded.write_to(Vec::new()).unwrap(),
-            postcard::to_stdvec(&history).unwrap()
-        );
+        assert_eq!(decoded.write_to(Vec::new()).unwrap(), bytes);
         decoded.push(mark(99), 7);
         history.push(mark(99), 7);
         assert_eq!(
             decoded.write_to(Vec::new()).unwrap(),
             postcard::to_stdvec(&history).unwrap()
         );
+        let states: Vec<_> = decoded.marks().map(|m| m.state.into_owned()).collect();
+        assert_eq!(states.last().map(String::as_str), Some("S99"));
+    }
+
+    /// Entries that do not decode fail the history's decode: they are never kept.
+    #[test]
+    fn a_damaged_entry_fails_the_decode() {
+        let mut history = History::default();
+        history.push(mark(1), 4);
+        let mut bytes = postcard::to_stdvec(&history).unwrap();
+        // The entry's state name claims more bytes than there are.
+        bytes[1] = 200;
+        assert!(postcard::from_bytes::<History>(&bytes).is_err());
     }
 }
