@@ -303,7 +303,7 @@ fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, loaded: &Loaded, abor
         let wake = runner::insert_entry(inner, &launch);
         if aborted.contains(&record.id) {
             if let Some(entry) = inner.table().procs.get_mut(&record.id) {
-                entry.abort = Some(crate::Error::fatal("aborted on request"));
+                entry.abort = Some(Box::new(crate::Error::fatal("aborted on request")));
             }
         }
         if !record.finished {

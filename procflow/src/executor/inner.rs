@@ -139,11 +139,11 @@ pub(crate) struct Entry {
     pub(crate) parked: Option<Parked>,
     /// Why the procedure must roll back at its next boundary or wait, if it must: an
     /// abort request, or its parent stopping its children.
-    pub(crate) abort: Option<Error>,
+    pub(crate) abort: Option<Box<Error>>,
     /// Callers of `wake` waiting until this procedure has persisted its wake-up.
     pub(crate) wake_acks: Vec<oneshot::Sender<()>>,
     /// An operator's bypass to carry out at the next boundary or wait: who, and why.
-    pub(crate) bypass: Option<(String, String)>,
+    pub(crate) bypass: Option<Box<(String, String)>>,
     /// Operator requests (abort, bypass) waiting until this procedure has acted on them
     /// durably, or refused them.
     pub(crate) request_acks: Vec<oneshot::Sender<Settled>>,

@@ -350,7 +350,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
             .ok_or(ExecutorError::NotFound(id))?;
         entry
             .abort
-            .get_or_insert_with(|| Error::fatal("aborted on request"));
+            .get_or_insert_with(|| Box::new(Error::fatal("aborted on request")));
         entry.rouse();
         Ok(())
     }

@@ -103,9 +103,9 @@ pub(crate) struct Envelope {
     pub(crate) locks: Vec<Lock>,
     pub(crate) hold: Hold,
     /// Failures of the current step, if its last try failed.
-    pub(crate) trouble: Option<Trouble>,
+    pub(crate) trouble: Option<Box<Trouble>>,
     /// Set when an operator bypassed it (it is then finished).
-    pub(crate) bypass: Option<BypassMark>,
+    pub(crate) bypass: Option<Box<BypassMark>>,
     /// The last field, and the one serialization leaves out: [`Envelope::encode`]
     /// appends it from the encoding the history keeps (see [`History::write_to`]).
     #[serde(serialize_with = "appended_by_encode")]
@@ -199,11 +199,11 @@ impl Envelope {
             reason: reason.to_owned(),
         };
         self.note(state, StepKind::Control, outcome, keep);
-        self.bypass = Some(BypassMark {
+        self.bypass = Some(Box::new(BypassMark {
             by: by.to_owned(),
             reason: reason.to_owned(),
             at_ms: now,
-        });
+        }));
         self.finished_ms = Some(now);
         self.wait = Wait::Ready;
     }

@@ -189,7 +189,7 @@ fn hand_to_procedures<E>(inner: &Inner<E>, request: &Request) -> Pending {
         Action::Abort(id) => {
             let cause = Error::fatal(format!("aborted by {}: {}", request.by, request.reason));
             Pending::Marked(hand_over(inner, &[*id], |entry| {
-                entry.abort.get_or_insert(cause.clone());
+                entry.abort.get_or_insert_with(|| Box::new(cause.clone()));
             }))
         }
         Action::Bypass { id, recursive } => {
@@ -201,7 +201,7 @@ fn hand_to_procedures<E>(inner: &Inner<E>, request: &Request) -> Pending {
             ids.push(*id);
             let asked = (request.by.clone(), request.reason.clone());
             Pending::Marked(hand_over(inner, &ids, |entry| {
-                entry.bypass.get_or_insert_with(|| asked.clone());
+                entry.bypass.get_or_insert_with(|| Box::new(asked.clone()));
             }))
         }
     }

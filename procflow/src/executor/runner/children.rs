@@ -127,7 +127,8 @@ impl<E: Send + Sync + 'static> Runner<E> {
         let verdict = verdict(&self.inner.table(), &ids);
         let cause = self
             .stopping_children
-            .clone()
+            .as_deref()
+            .cloned()
             .or(verdict.failure)
             .or_else(|| self.interruption());
         if verdict.pending.is_empty() {
@@ -145,7 +146,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
                 if self.stopping_children.is_none() {
                     tracing::info!(%cause, children = ?verdict.pending, "stopping the children still running");
                     stop_children(&self.inner, &verdict.pending, &cause);
-                    self.stopping_children = Some(cause);
+                    self.stopping_children = Some(Box::new(cause));
                 }
                 // Roused as each of them ends.
                 self.park_until(None);
@@ -346,7 +347,7 @@ fn stop_children<E>(inner: &Inner<E>, ids: &[u64], cause: &Error) {
     let mut table = inner.table();
     for id in ids {
         if let Some(entry) = table.procs.get_mut(id) {
-            entry.abort.get_or_insert_with(|| cause.clone());
+            entry.abort.get_or_insert_with(|| Box::new(cause.clone()));
             entry.rouse();
         }
     }

@@ -24,7 +24,15 @@ use tracing::Instrument;
 impl<E: Send + Sync + 'static> Runner<E> {
     /// Asks to park at the end of this turn, to be roused by what the procedure waits
     /// for, and at `until_ms` (wall clock) at the latest if given.
+    ///
+    /// A root leaves the admission count here, not when it parks: its waiting status may
+    /// be published before it gets there, and a caller who sees it may submit at once
+    /// (as with the end of a procedure). [`Runner::run`] counts it in again if it does
+    /// not park after all.
     pub(super) fn park_until(&mut self, until_ms: Option<u64>) {
+        if self.parking.is_none() && self.parent.is_none() {
+            self.inner.live_roots.fetch_sub(1, Ordering::AcqRel);
+        }
         self.parking = Some(until_ms);
     }
 
@@ -54,9 +62,6 @@ impl<E: Send + Sync + 'static> Runner<E> {
         };
         if let Some(at) = until_ms {
             inner.timers.add(at, self.id);
-        }
-        if self.parent.is_none() {
-            inner.live_roots.fetch_sub(1, Ordering::AcqRel);
         }
         let handle = tokio::runtime::Handle::current();
         let id = self.id;

@@ -72,9 +72,19 @@ pub(crate) fn start<E: Send + Sync + 'static>(
     if let Wait::Event { until_ms, .. } = runner.envelope.wait {
         // A wake, an abort or a due time rouses it as it would a task that parked.
         let until = dormant::earliest(until_ms, runner.deadline_ms());
+        let root = runner.parent.is_none();
+        // Out of the admission count, as `park_until` does for a running procedure.
+        if root {
+            inner.live_roots.fetch_sub(1, Ordering::AcqRel);
+        }
         match runner.park(until) {
             Ok(()) => return,
-            Err(roused) => runner = *roused,
+            Err(roused) => {
+                runner = *roused;
+                if root {
+                    inner.live_roots.fetch_add(1, Ordering::AcqRel);
+                }
+            }
         }
     }
     let span = runner.span();
@@ -107,7 +117,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
         // A procedure stored stuck goes on counting its tries, and is reported stuck.
         let trouble = launch.envelope.trouble.as_ref();
         let attempts = trouble.map_or(0, |t| t.attempts);
-        let last_error = trouble.map(|t| Error::fatal(t.error.clone()));
+        let last_error = trouble.map(|t| Box::new(Error::fatal(t.error.clone())));
         let stuck_since = trouble
             .and_then(|t| t.stuck_since_ms)
             .map(crate::operator::history::time_of);
@@ -224,7 +234,7 @@ struct Runner<E> {
     /// The state whose handler ran last, and which handler (for its history entry).
     ran: (&'static str, StepKind),
     /// The last error of a step being retried, for observers.
-    last_error: Option<Error>,
+    last_error: Option<Box<Error>>,
     /// Whether the current state's handler ran since the procedure entered it, so it may
     /// have partly acted: an abort or timeout then undoes it too. After a restart this is
     /// not known, and assumed (undo handlers are idempotent; undoing is the safe side).
@@ -233,10 +243,10 @@ struct Runner<E> {
     stuck_since: Option<SystemTime>,
     /// Why the children of the current spawn are being stopped (one of them failed, or
     /// this procedure was aborted or timed out while they ran).
-    stopping_children: Option<Error>,
+    stopping_children: Option<Box<Error>>,
     /// A write the store refused: the procedure went back to its last stored step, and
     /// the next turn fails that step with this error.
-    refused: Option<Error>,
+    refused: Option<Box<Error>>,
     /// Whether the rollback started after a refused write is being stored (a second
     /// refusal then keeps the procedure stuck instead of looping).
     refusing: bool,
@@ -281,7 +291,13 @@ impl<E: Send + Sync + 'static> Runner<E> {
             drop(slot);
             match self.park(until) {
                 Ok(()) => return,
-                Err(runner) => self = *runner,
+                Err(runner) => {
+                    // Counted out by `park_until`: it goes on instead.
+                    self = *runner;
+                    if self.parent.is_none() {
+                        inner.live_roots.fetch_add(1, Ordering::AcqRel);
+                    }
+                }
             }
         }
     }
@@ -294,7 +310,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
         // The paths off the plain step loop are boxed: the task's future (one allocation
         // per procedure, moved when spawned) stays the size the loop needs.
         if let Some(error) = self.refused.take() {
-            return Box::pin(self.fail_refused(error)).await;
+            return Box::pin(self.fail_refused(*error)).await;
         }
         if self.retry_at.is_some() {
             return Box::pin(self.await_retry()).await;
@@ -555,11 +571,11 @@ impl<E: Send + Sync + 'static> Runner<E> {
         }
         let since = SystemTime::now();
         self.stuck_since = Some(since);
-        self.envelope.trouble = Some(Trouble {
+        self.envelope.trouble = Some(Box::new(Trouble {
             attempts: self.attempts,
             error: error.to_string(),
             stuck_since_ms: Some(now_ms()),
-        });
+        }));
         tracing::error!(%error, state = self.procedure.state(), "procedure stuck past its point of no return; retrying");
         metrics::counter!("procflow_stuck_total", "machine" => self.procedure.machine())
             .increment(1);
@@ -679,9 +695,9 @@ impl<E: Send + Sync + 'static> Runner<E> {
         self.envelope = envelope;
         self.procedure = procedure;
         self.acted = true;
-        self.refused = Some(Error::fatal(format!(
+        self.refused = Some(Box::new(Error::fatal(format!(
             "this procedure's new state cannot be stored ({why})"
-        )));
+        ))));
         Ok(())
     }
 
@@ -730,11 +746,11 @@ impl<E: Send + Sync + 'static> Runner<E> {
             self.parent,
             self.procedure.as_ref(),
             &self.envelope,
-            self.last_error.as_ref(),
+            self.last_error.as_deref(),
         );
         if let (Some(since), Some(error)) = (self.stuck_since, &self.last_error) {
             info.status = Status::Stuck {
-                error: error.clone(),
+                error: Error::clone(error),
                 since,
                 attempts: self.attempts,
             };

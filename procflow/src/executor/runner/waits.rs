@@ -38,7 +38,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
     pub(super) fn interruption(&self) -> Option<Error> {
         // One look at the table per turn: it is on every step's path.
         let (bypass, aborted) = match self.inner.table().procs.get(&self.id) {
-            Some(entry) => (entry.bypass.is_some(), entry.abort.clone()),
+            Some(entry) => (entry.bypass.is_some(), entry.abort.as_deref().cloned()),
             None => (false, None),
         };
         if bypass {
@@ -101,7 +101,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             .procs
             .get_mut(&self.id)
             .and_then(|entry| entry.bypass.take());
-        let Some((by, reason)) = asked else {
+        let Some((by, reason)) = asked.map(|asked| *asked) else {
             return Ok(());
         };
         tracing::warn!(%by, %reason, state = self.procedure.state(), "bypassed by an operator");
@@ -241,7 +241,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// (see [`await_retry`](Self::await_retry)).
     pub(super) async fn retry_later(&mut self, error: Error, delay: Duration) -> Result<(), Exit> {
         tracing::debug!(%error, attempt = self.attempts, ?delay, "retrying step");
-        self.last_error = Some(error);
+        self.last_error = Some(Box::new(error));
         self.publish();
         self.retry_at = Some(dormant::after(delay));
         self.await_retry().await
@@ -268,8 +268,9 @@ impl<E: Send + Sync + 'static> Runner<E> {
         let woken = !self.inner.table().is_listening(&name, self.id);
         let timed_out = until_ms.is_some_and(|until| now_ms() >= until);
         if !woken && !timed_out {
-            self.publish();
+            // Out of the admission count first: its status says it waits.
             self.park_until(dormant::earliest(until_ms, self.deadline_ms()));
+            self.publish();
             return Ok(());
         }
         self.inner.table().stop_listening(&name, self.id);
