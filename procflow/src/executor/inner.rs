@@ -99,7 +99,7 @@ pub(crate) struct Inner<E> {
 /// Every procedure the executor knows, live or finished (until retention removes it).
 #[derive(Default)]
 pub(crate) struct Table {
-    pub(crate) procs: HashMap<u64, Entry>,
+    pub(crate) procs: HashMap<u64, Box<Entry>>,
     pub(crate) nonces: HashMap<String, u64>,
     /// Nonces whose submit is being persisted: a second submit with the same nonce waits
     /// for the first (told through the `Notify`) instead of making a second procedure.

@@ -182,16 +182,20 @@ fn insert_entry_locked<E>(
     launch: &Launch<E>,
     info: ProcedureInfo,
 ) -> Arc<Notify> {
-    let entry = table.procs.entry(launch.id).or_insert_with(|| Entry {
-        info: Watched::new(info),
-        wake: Arc::new(Notify::new()),
-        parked: None,
-        abort: None,
-        wake_acks: Vec::new(),
-        bypass: None,
-        request_acks: Vec::new(),
-        nonce: launch.envelope.nonce.clone(),
-        finished_ms: launch.envelope.finished_ms,
+    // Boxed: the map's spare slots (a hash map is up to half empty) then cost a pointer
+    // each, not a whole entry.
+    let entry = table.procs.entry(launch.id).or_insert_with(|| {
+        Box::new(Entry {
+            info: Watched::new(info),
+            wake: Arc::new(Notify::new()),
+            parked: None,
+            abort: None,
+            wake_acks: Vec::new(),
+            bypass: None,
+            request_acks: Vec::new(),
+            nonce: launch.envelope.nonce.clone(),
+            finished_ms: launch.envelope.finished_ms,
+        })
     });
     Arc::clone(&entry.wake)
 }
