@@ -30,10 +30,32 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// (as with the end of a procedure). [`Runner::run`] counts it in again if it does
     /// not park after all.
     pub(super) fn park_until(&mut self, until_ms: Option<u64>) {
-        if self.parking.is_none() && self.parent.is_none() {
-            self.inner.live_roots.fetch_sub(1, Ordering::AcqRel);
+        if self.parking.is_none() {
+            self.leave_admission();
         }
         self.parking = Some(until_ms);
+    }
+
+    /// A root leaves the roots counted against `Config::queue_capacity`: it ended, or it
+    /// waits. Children are never counted.
+    pub(super) fn leave_admission(&self) {
+        if self.parent.is_none() {
+            self.inner.live_roots.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// A root that left the count runs again: roused, or it did not park after all.
+    fn rejoin_admission(&self) {
+        if self.parent.is_none() {
+            self.inner.live_roots.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// [`Runner::park`] for a procedure already out of the admission count: if it must
+    /// go on instead, it is counted in again.
+    pub(super) fn park_counted_out(self, until_ms: Option<u64>) -> Result<(), Box<Self>> {
+        self.park(until_ms)
+            .inspect_err(|runner| runner.rejoin_admission())
     }
 
     /// The deadline's time, while it may still end the procedure.
@@ -67,9 +89,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
         let id = self.id;
         entry.parked = Some(Parked(Box::new(move || {
             tracing::trace!(id, "roused");
-            if self.parent.is_none() {
-                self.inner.live_roots.fetch_add(1, Ordering::AcqRel);
-            }
+            self.rejoin_admission();
             let tasks = self.inner.tasks.clone();
             let span = self.span();
             handle.spawn(tasks.track_future(self.run().instrument(span)));

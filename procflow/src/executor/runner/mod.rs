@@ -28,7 +28,6 @@ use futures_util::FutureExt;
 use procflow_store::Batch;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
 use tokio::sync::Notify;
 use tracing::Instrument;
@@ -72,19 +71,11 @@ pub(crate) fn start<E: Send + Sync + 'static>(
     if let Wait::Event { until_ms, .. } = runner.envelope.wait {
         // A wake, an abort or a due time rouses it as it would a task that parked.
         let until = dormant::earliest(until_ms, runner.deadline_ms());
-        let root = runner.parent.is_none();
         // Out of the admission count, as `park_until` does for a running procedure.
-        if root {
-            inner.live_roots.fetch_sub(1, Ordering::AcqRel);
-        }
-        match runner.park(until) {
+        runner.leave_admission();
+        match runner.park_counted_out(until) {
             Ok(()) => return,
-            Err(roused) => {
-                runner = *roused;
-                if root {
-                    inner.live_roots.fetch_add(1, Ordering::AcqRel);
-                }
-            }
+            Err(roused) => runner = *roused,
         }
     }
     let span = runner.span();
@@ -293,15 +284,10 @@ impl<E: Send + Sync + 'static> Runner<E> {
             };
             // Dormant: no slot, no task, until roused. Roused already: look again.
             drop(slot);
-            match self.park(until) {
+            // Counted out by `park_until`.
+            match self.park_counted_out(until) {
                 Ok(()) => return,
-                Err(runner) => {
-                    // Counted out by `park_until`: it goes on instead.
-                    self = *runner;
-                    if self.parent.is_none() {
-                        inner.live_roots.fetch_add(1, Ordering::AcqRel);
-                    }
-                }
+                Err(runner) => self = *runner,
             }
         }
     }
@@ -634,9 +620,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
         tracing::info!(status = ?info.status, steps = info.steps, "procedure finished");
         // The slot is free before anyone can see the end: a caller woken by `wait` may
         // submit at once.
-        if self.parent.is_none() {
-            self.inner.live_roots.fetch_sub(1, Ordering::AcqRel);
-        }
+        self.leave_admission();
         let mut table = self.inner.table();
         if let Some(entry) = table.procs.get_mut(&self.id) {
             entry.finished_ms = self.envelope.finished_ms;

@@ -10,7 +10,6 @@ use super::Runner;
 use crate::ProcedureId;
 use crate::executor::inner::Settled;
 use crate::executor::status::Unloadable;
-use std::sync::atomic::Ordering;
 
 impl<E: Send + Sync + 'static> Runner<E> {
     /// Lets the procedure go without writing it: the store keeps its last record. Its
@@ -30,9 +29,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
         );
         self.release_locks();
         self.settle_requests(&Settled::Refused(format!("it cannot be loaded: {reason}")));
-        if self.parent.is_none() {
-            self.inner.live_roots.fetch_sub(1, Ordering::AcqRel);
-        }
+        self.leave_admission();
         let mut table = self.inner.table();
         table.unloadable.push(Unloadable {
             id: ProcedureId::new(self.id),
