@@ -176,9 +176,7 @@ struct EndInline<'a>(&'a Inner);
 
 impl Drop for EndInline<'_> {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.0.poisoned.store(true, Ordering::SeqCst);
-        }
+        self.0.poison_if_panicking();
         let mut state = self.0.queue.lock();
         state.inline = false;
         if state.sleeping && !state.requests.is_empty() {
@@ -209,9 +207,7 @@ struct StopOnExit<'a>(&'a Inner);
 
 impl Drop for StopOnExit<'_> {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.0.poisoned.store(true, Ordering::SeqCst);
-        }
+        self.0.poison_if_panicking();
         let mut state = self.0.queue.lock();
         state.stopped = true;
         state.requests.clear();

@@ -282,6 +282,14 @@ impl Inner {
         error
     }
 
+    /// Poisons the store if this thread is unwinding: a panic while serving commits
+    /// (on the committer thread or inline) leaves the log in an unknown state.
+    fn poison_if_panicking(&self) {
+        if std::thread::panicking() {
+            self.poisoned.store(true, Ordering::SeqCst);
+        }
+    }
+
     fn is_poisoned(&self) -> bool {
         self.poisoned.load(Ordering::SeqCst)
     }

@@ -164,12 +164,17 @@ impl History {
 
     /// The kept entries, decoded, oldest first.
     pub(crate) fn marks(&self) -> impl Iterator<Item = Mark> + '_ {
+        // The bytes were encoded here, or checked entry by entry when decoded.
+        self.decode().map_while(Result::ok)
+    }
+
+    /// Each kept entry, decoded, oldest first; an error ends the entries.
+    fn decode(&self) -> impl Iterator<Item = postcard::Result<Mark>> + '_ {
         let mut rest = self.bytes.as_slice();
-        std::iter::from_fn(move || {
-            // The bytes were encoded here, or checked entry by entry when decoded.
-            let (mark, after) = postcard::take_from_bytes::<Mark>(rest).ok()?;
+        (0..self.lens.len()).map(move |_| {
+            let (mark, after) = postcard::take_from_bytes::<Mark>(rest)?;
             rest = after;
-            Some(mark)
+            Ok(mark)
         })
     }
 
@@ -203,12 +208,8 @@ impl Serialize for Marks<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::{Error, SerializeSeq};
         let mut seq = serializer.serialize_seq(Some(self.0.lens.len()))?;
-        let mut rest = self.0.bytes.as_slice();
-        for _ in 0..self.0.lens.len() {
-            let (mark, after) =
-                postcard::take_from_bytes::<Mark>(rest).map_err(S::Error::custom)?;
-            seq.serialize_element(&mark)?;
-            rest = after;
+        for mark in self.0.decode() {
+            seq.serialize_element(&mark.map_err(S::Error::custom)?)?;
         }
         seq.end()
     }
