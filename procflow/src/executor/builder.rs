@@ -18,7 +18,7 @@ use crate::locks::Hold;
 use crate::locks::LockTable;
 use crate::operator::graph::MACHINE_PREFIX;
 use crate::{ProcedureId, StateMachine};
-use procflow_store::{Batch, Loaded, Record, Store};
+use procflow_store::{Batch, Bytes, Loaded, Record, Store};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize};
@@ -303,22 +303,22 @@ fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, loaded: &Loaded, abor
         let wake = runner::insert_entry(inner, &launch);
         if aborted.contains(&record.id) {
             if let Some(entry) = inner.table().procs.get_mut(&record.id) {
-                entry.abort = Some(Box::new(crate::Error::fatal("aborted on request")));
+                entry.ask().abort = Some(crate::Error::fatal("aborted on request"));
             }
         }
         if !record.finished {
-            live.push((launch, wake));
+            live.push((launch, wake, record.value.clone()));
         }
     }
     // Oldest first: the order they took their locks in before the restart.
-    live.sort_by_key(|(launch, _)| launch.id);
-    for (launch, _) in &mut live {
+    live.sort_by_key(|(launch, ..)| launch.id);
+    for (launch, ..) in &mut live {
         if let Wait::Event { name, .. } = &launch.envelope.wait {
             inner.table().listen(name, launch.id);
         }
         launch.holding = restore_locks(inner, launch);
     }
-    let roots = live.iter().filter(|(l, _)| l.parent.is_none()).count();
+    let roots = live.iter().filter(|(l, ..)| l.parent.is_none()).count();
     inner
         .live_roots
         .store(roots, std::sync::atomic::Ordering::Release);
@@ -328,8 +328,8 @@ fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, loaded: &Loaded, abor
         "executor resuming procedures"
     );
     requests::carry_out_stored(inner, &loaded.meta);
-    for (launch, wake) in live {
-        runner::start(inner, launch, wake);
+    for (launch, wake, value) in live {
+        runner::start(inner, launch, wake, Some(value));
     }
 }
 
@@ -369,11 +369,52 @@ fn has_started<E>(procedure: &dyn DynProcedure<E>, envelope: &Envelope) -> bool 
 /// record them), or when it has not started (its locks are checked before its first
 /// step, and it runs at once anyway).
 fn must_decode_now<E>(
-    record: &Record,
+    finished: bool,
+    value: &[u8],
     procedure: &dyn DynProcedure<E>,
     envelope: &Envelope,
 ) -> bool {
-    !record.finished && (!records_locks(&record.value) || !has_started(procedure, envelope))
+    !finished && (!records_locks(value) || !has_started(procedure, envelope))
+}
+
+/// Rebuilds the stored procedure `id` from its value, its data left encoded unless
+/// [`must_decode_now`] says otherwise. Called at start for every record, and again when
+/// a procedure parked as its stored value is roused (see `runner::dormant`).
+///
+/// # Errors
+///
+/// The machine's name (`?` if unreadable) and why, when the value cannot be loaded.
+pub(crate) fn launch_stored<E: Send + Sync + 'static>(
+    inner: &Inner<E>,
+    id: u64,
+    parent: Option<u64>,
+    ancestors: Vec<u64>,
+    value: &Bytes,
+    finished: bool,
+) -> Result<Launch<E>, (String, String)> {
+    let (envelope, snapshot) =
+        Envelope::decode(value).map_err(|reason| ("?".to_owned(), reason))?;
+    // The data stays encoded until the procedure runs (see `lazy`); the snapshot is the
+    // value's tail, shared with the store.
+    let snapshot = value.slice(value.len() - snapshot.len()..);
+    let mut procedure = inner.registry.load_lazy(&snapshot)?;
+    if must_decode_now(finished, value, procedure.as_ref(), &envelope) {
+        if let Err(error) = procedure.decode() {
+            return Err((procedure.machine().to_owned(), error.to_string()));
+        }
+    }
+    // The state after a spawn runs once its children end: it has not run yet. Otherwise
+    // it is not known whether the current state's handler ran before the crash.
+    let acted = !matches!(envelope.wait, Wait::Children(_));
+    Ok(Launch {
+        id,
+        parent,
+        ancestors,
+        procedure,
+        envelope,
+        acted,
+        holding: false,
+    })
 }
 
 fn rebuild<E: Send + Sync + 'static>(
@@ -381,37 +422,6 @@ fn rebuild<E: Send + Sync + 'static>(
     record: &Record,
     parents: &HashMap<u64, Option<u64>>,
 ) -> Option<Launch<E>> {
-    let unloadable = |machine: String, reason: String| {
-        tracing::warn!(id = record.id, %machine, %reason, "procedure cannot be loaded; left in the store");
-        inner.table().unloadable.push(Unloadable {
-            id: ProcedureId::new(record.id),
-            machine,
-            reason,
-        });
-    };
-    let (envelope, snapshot) = match Envelope::decode(&record.value) {
-        Ok(parts) => parts,
-        Err(reason) => {
-            unloadable("?".to_owned(), reason);
-            return None;
-        }
-    };
-    // The data stays encoded until the procedure runs (see `lazy`); the snapshot is the
-    // value's tail, shared with the store.
-    let snapshot = record.value.slice(record.value.len() - snapshot.len()..);
-    let mut procedure = match inner.registry.load_lazy(&snapshot) {
-        Ok(procedure) => procedure,
-        Err((machine, reason)) => {
-            unloadable(machine, reason);
-            return None;
-        }
-    };
-    if must_decode_now(record, procedure.as_ref(), &envelope) {
-        if let Err(error) = procedure.decode() {
-            unloadable(procedure.machine().to_owned(), error.to_string());
-            return None;
-        }
-    }
     let mut ancestors = Vec::new();
     let mut at = record.parent;
     while let Some(parent) = at {
@@ -421,16 +431,24 @@ fn rebuild<E: Send + Sync + 'static>(
         ancestors.push(parent);
         at = parents.get(&parent).copied().flatten();
     }
-    // The state after a spawn runs once its children end: it has not run yet. Otherwise
-    // it is not known whether the current state's handler ran before the crash.
-    let acted = !matches!(envelope.wait, Wait::Children(_));
-    Some(Launch {
-        id: record.id,
-        parent: record.parent,
+    let stored = launch_stored(
+        inner,
+        record.id,
+        record.parent,
         ancestors,
-        procedure,
-        envelope,
-        acted,
-        holding: false,
-    })
+        &record.value,
+        record.finished,
+    );
+    match stored {
+        Ok(launch) => Some(launch),
+        Err((machine, reason)) => {
+            tracing::warn!(id = record.id, %machine, %reason, "procedure cannot be loaded; left in the store");
+            inner.table().unloadable.push(Unloadable {
+                id: ProcedureId::new(record.id),
+                machine,
+                reason,
+            });
+            None
+        }
+    }
 }

@@ -25,7 +25,7 @@ pub(crate) async fn run<E: Send + Sync + 'static>(inner: Arc<Inner<E>>) {
 async fn clean<E>(inner: &Inner<E>) -> Result<(), super::ExecutorError> {
     let retention = u64::try_from(inner.config.retention.as_millis()).unwrap_or(u64::MAX);
     let now = now_ms();
-    let expired: Vec<(u64, Option<String>)> = {
+    let expired: Vec<(u64, Option<Box<str>>)> = {
         let table = inner.table();
         table
             .procs
@@ -62,7 +62,7 @@ async fn clean<E>(inner: &Inner<E>) -> Result<(), super::ExecutorError> {
         for (id, nonce) in chunk {
             table.procs.remove(id);
             if let Some(nonce) = nonce {
-                table.nonces.remove(nonce);
+                table.nonces.remove(&**nonce);
             }
         }
     }

@@ -349,8 +349,9 @@ impl<E: Send + Sync + 'static> Executor<E> {
             .get_mut(&id.get())
             .ok_or(ExecutorError::NotFound(id))?;
         entry
+            .ask()
             .abort
-            .get_or_insert_with(|| Box::new(Error::fatal("aborted on request")));
+            .get_or_insert_with(|| Error::fatal("aborted on request"));
         entry.rouse();
         Ok(())
     }

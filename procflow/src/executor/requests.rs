@@ -189,7 +189,7 @@ fn hand_to_procedures<E>(inner: &Inner<E>, request: &Request) -> Pending {
         Action::Abort(id) => {
             let cause = Error::fatal(format!("aborted by {}: {}", request.by, request.reason));
             Pending::Marked(hand_over(inner, &[*id], |entry| {
-                entry.abort.get_or_insert_with(|| Box::new(cause.clone()));
+                entry.ask().abort.get_or_insert_with(|| cause.clone());
             }))
         }
         Action::Bypass { id, recursive } => {
@@ -201,7 +201,7 @@ fn hand_to_procedures<E>(inner: &Inner<E>, request: &Request) -> Pending {
             ids.push(*id);
             let asked = (request.by.clone(), request.reason.clone());
             Pending::Marked(hand_over(inner, &ids, |entry| {
-                entry.bypass.get_or_insert_with(|| Box::new(asked.clone()));
+                entry.ask().bypass.get_or_insert_with(|| asked.clone());
             }))
         }
     }
@@ -271,7 +271,7 @@ fn hand_over<E>(
         }
         mark(entry);
         let (ack, acked) = oneshot::channel();
-        entry.request_acks.push(ack);
+        entry.ask().request_acks.push(ack);
         entry.rouse();
         acks.push(acked);
     }

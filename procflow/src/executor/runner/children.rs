@@ -347,7 +347,7 @@ fn stop_children<E>(inner: &Inner<E>, ids: &[u64], cause: &Error) {
     let mut table = inner.table();
     for id in ids {
         if let Some(entry) = table.procs.get_mut(id) {
-            entry.abort.get_or_insert_with(|| Box::new(cause.clone()));
+            entry.ask().abort.get_or_insert_with(|| cause.clone());
             entry.rouse();
         }
     }
@@ -360,7 +360,7 @@ fn reopen_entry<E>(inner: &Inner<E>, launch: &Launch<E>) {
     match table.procs.get_mut(&launch.id) {
         Some(entry) => {
             entry.finished_ms = None;
-            entry.abort = None;
+            entry.take_asked(|asked| &mut asked.abort);
             entry.info.send_replace(info);
         }
         None => drop(super::insert_entry_locked(&mut table, launch, info)),

@@ -13,12 +13,15 @@
 //! A dormant procedure keeps its for-life locks: the lock table holds them, not a task.
 
 use super::{Exit, Runner};
-use crate::executor::inner::Parked;
+use crate::executor::builder::launch_stored;
+use crate::executor::inner::{Inner, Parked};
 use crate::executor::record::now_ms;
 use futures_util::FutureExt;
+use procflow_store::Bytes;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+use tokio::sync::Notify;
 use tracing::Instrument;
 
 impl<E: Send + Sync + 'static> Runner<E> {
@@ -39,22 +42,22 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// A root leaves the roots counted against `Config::queue_capacity`: it ended, or it
     /// waits. Children are never counted.
     pub(super) fn leave_admission(&self) {
-        if self.parent.is_none() {
-            self.inner.live_roots.fetch_sub(1, Ordering::AcqRel);
-        }
+        leave_admission(&self.inner, self.parent);
     }
 
     /// A root that left the count runs again: roused, or it did not park after all.
     fn rejoin_admission(&self) {
-        if self.parent.is_none() {
-            self.inner.live_roots.fetch_add(1, Ordering::AcqRel);
-        }
+        rejoin_admission(&self.inner, self.parent);
     }
 
     /// [`Runner::park`] for a procedure already out of the admission count: if it must
     /// go on instead, it is counted in again.
-    pub(super) fn park_counted_out(self, until_ms: Option<u64>) -> Result<(), Box<Self>> {
-        self.park(until_ms)
+    pub(super) fn park_counted_out(
+        self,
+        until_ms: Option<u64>,
+        stored: Option<Bytes>,
+    ) -> Result<(), Box<Self>> {
+        self.park(until_ms, stored)
             .inspect_err(|runner| runner.rejoin_admission())
     }
 
@@ -67,7 +70,16 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// it must not sleep: it was roused since its last look (a permit is waiting), or
     /// its entry is gone. When the executor no longer runs, the procedure is dropped: it
     /// resumes at the next start.
-    pub(super) fn park(self, until_ms: Option<u64>) -> Result<(), Box<Self>> {
+    ///
+    /// `stored` is the procedure's value in the store when the `Runner` holds nothing
+    /// that value does not (a procedure just loaded): it is then parked as that value,
+    /// shared with the store, and rebuilt from it when roused ([`Reload`]), instead of
+    /// as the whole `Runner`.
+    pub(super) fn park(
+        self,
+        until_ms: Option<u64>,
+        stored: Option<Bytes>,
+    ) -> Result<(), Box<Self>> {
         let inner = Arc::clone(&self.inner);
         let mut table = inner.table();
         // Under the table's lock: a stop drops the parked procedures after it changed
@@ -85,16 +97,31 @@ impl<E: Send + Sync + 'static> Runner<E> {
         if let Some(at) = until_ms {
             inner.timers.add(at, self.id);
         }
+        tracing::trace!(id = self.id, ?until_ms, "dormant");
         let handle = tokio::runtime::Handle::current();
-        let id = self.id;
-        entry.parked = Some(Parked(Box::new(move || {
-            tracing::trace!(id, "roused");
-            self.rejoin_admission();
-            let tasks = self.inner.tasks.clone();
-            let span = self.span();
-            handle.spawn(tasks.track_future(self.run().instrument(span)));
-        })));
-        tracing::trace!(id, ?until_ms, "dormant");
+        let Some(value) = stored else {
+            entry.parked = Some(Parked(Box::new(move || {
+                tracing::trace!(id = self.id, "roused");
+                self.rejoin_admission();
+                let tasks = self.inner.tasks.clone();
+                let span = self.span();
+                handle.spawn(tasks.track_future(self.run().instrument(span)));
+            })));
+            return Ok(());
+        };
+        let reload = Reload {
+            inner: Arc::clone(&self.inner),
+            id: self.id,
+            parent: self.parent,
+            ancestors: self.ancestors.clone().into_boxed_slice(),
+            holding: self.holding,
+            wake: Arc::clone(&self.wake),
+            value,
+        };
+        entry.parked = Some(Parked(Box::new(move || reload.rouse(&handle))));
+        drop(table);
+        // Outside the table's lock: dropping a procedure may run the user's `Drop`.
+        drop(self);
         Ok(())
     }
 
@@ -137,5 +164,73 @@ pub(super) fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
+    }
+}
+
+/// A root leaves the roots counted against `Config::queue_capacity`. Children are never
+/// counted.
+pub(super) fn leave_admission<E>(inner: &Inner<E>, parent: Option<u64>) {
+    if parent.is_none() {
+        inner.live_roots.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A root that left the admission count runs again.
+fn rejoin_admission<E>(inner: &Inner<E>, parent: Option<u64>) {
+    if parent.is_none() {
+        inner.live_roots.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+/// A procedure parked as its value in the store: what a `Runner` adds to that value,
+/// for one just loaded. About a tenth of a parked `Runner` (with its envelope, its
+/// procedure's cursor and its history decoded), so that a restart's dormant procedures
+/// cost the store's bytes and their table entries.
+struct Reload<E> {
+    inner: Arc<Inner<E>>,
+    id: u64,
+    parent: Option<u64>,
+    ancestors: Box<[u64]>,
+    /// Whether it holds its locks (for life, given back at start).
+    holding: bool,
+    wake: Arc<Notify>,
+    /// Its value as the store holds it (shared, not a copy).
+    value: Bytes,
+}
+
+impl<E: Send + Sync + 'static> Reload<E> {
+    /// Gives the procedure a task again: it decodes the value and runs.
+    fn rouse(self, handle: &tokio::runtime::Handle) {
+        tracing::trace!(id = self.id, "roused");
+        rejoin_admission(&self.inner, self.parent);
+        let tasks = self.inner.tasks.clone();
+        handle.spawn(tasks.track_future(self.run()));
+    }
+
+    async fn run(self) {
+        let Reload {
+            inner,
+            id,
+            parent,
+            ancestors,
+            holding,
+            wake,
+            value,
+        } = self;
+        let loaded = launch_stored(&inner, id, parent, ancestors.into_vec(), &value, false);
+        match loaded {
+            Ok(mut launch) => {
+                launch.holding = holding;
+                let runner = Runner::new(&inner, launch, wake);
+                let span = runner.span();
+                runner.run().instrument(span).await;
+            }
+            // The same bytes decoded at start, so this is not expected; if it happens
+            // the procedure is reported, as one whose data no longer decodes is.
+            Err((machine, reason)) => {
+                tracing::error!(id, %machine, %reason, "a parked procedure's stored value no longer decodes; left in the store");
+                super::unloadable::give_up(&inner, id, parent, holding, &machine, reason);
+            }
+        }
     }
 }

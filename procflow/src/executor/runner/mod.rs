@@ -20,12 +20,11 @@ use super::inner::{Entry, Inner, Settled};
 use super::record::{Envelope, Trouble, Wait, now_ms};
 use super::status::{ProcedureInfo, Status, status_of};
 use super::wakes::StepStart;
-use super::watched::Watched;
 use crate::locks::{Hold, LockKeyError, Locks};
 use crate::operator::history::{StepKind, StepOutcome};
 use crate::{Context, Error, Phase, ProcedureId};
 use futures_util::FutureExt;
-use procflow_store::Batch;
+use procflow_store::{Batch, Bytes};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
@@ -57,15 +56,19 @@ pub(crate) struct Launch<E> {
 /// Adds the procedure to the table (if it is not there yet) and starts its task.
 pub(crate) fn launch<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, launch: Launch<E>) {
     let wake = insert_entry(inner, &launch);
-    start(inner, launch, wake);
+    start(inner, launch, wake, None);
 }
 
 /// Spawns the task of a procedure whose table entry exists (`wake` is its signal); one
 /// suspended on an event parks at once instead (a procedure loaded at start).
+///
+/// `stored` is its value in the store, for one just loaded: if it parks at once, it is
+/// parked as that value (see [`Runner::park`]).
 pub(crate) fn start<E: Send + Sync + 'static>(
     inner: &Arc<Inner<E>>,
     launch: Launch<E>,
     wake: Arc<Notify>,
+    stored: Option<Bytes>,
 ) {
     let mut runner = Runner::new(inner, launch, wake);
     if let Wait::Event { until_ms, .. } = runner.envelope.wait {
@@ -73,7 +76,7 @@ pub(crate) fn start<E: Send + Sync + 'static>(
         let until = dormant::earliest(until_ms, runner.deadline_ms());
         // Out of the admission count, as `park_until` does for a running procedure.
         runner.leave_admission();
-        match runner.park_counted_out(until) {
+        match runner.park_counted_out(until, stored) {
             Ok(()) => return,
             Err(roused) => runner = *roused,
         }
@@ -176,17 +179,11 @@ fn insert_entry_locked<E>(
     // Boxed: the map's spare slots (a hash map is up to half empty) then cost a pointer
     // each, not a whole entry.
     let entry = table.procs.entry(launch.id).or_insert_with(|| {
-        Box::new(Entry {
-            info: Watched::new(info),
-            wake: Arc::new(Notify::new()),
-            parked: None,
-            abort: None,
-            wake_acks: Vec::new(),
-            bypass: None,
-            request_acks: Vec::new(),
-            nonce: launch.envelope.nonce.clone(),
-            finished_ms: launch.envelope.finished_ms,
-        })
+        Box::new(Entry::new(
+            info,
+            launch.envelope.nonce.as_deref(),
+            launch.envelope.finished_ms,
+        ))
     });
     Arc::clone(&entry.wake)
 }
@@ -285,7 +282,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             // Dormant: no slot, no task, until roused. Roused already: look again.
             drop(slot);
             // Counted out by `park_until`.
-            match self.park_counted_out(until) {
+            match self.park_counted_out(until, None) {
                 Ok(()) => return,
                 Err(runner) => self = *runner,
             }

@@ -8,7 +8,7 @@
 
 use super::{Exit, Runner, dormant};
 use crate::executor::hooks::WriteKind;
-use crate::executor::inner::Settled;
+use crate::executor::inner::{Inner, Settled};
 use crate::executor::record::{Wait, now_ms};
 use crate::executor::status::{ProcedureInfo, Status};
 use crate::operator::history::{StepKind, StepOutcome};
@@ -38,7 +38,9 @@ impl<E: Send + Sync + 'static> Runner<E> {
     pub(super) fn interruption(&self) -> Option<Error> {
         // One look at the table per turn: it is on every step's path.
         let (bypass, aborted) = match self.inner.table().procs.get(&self.id) {
-            Some(entry) => (entry.bypass.is_some(), entry.abort.as_deref().cloned()),
+            Some(entry) => entry.asked().map_or((false, None), |asked| {
+                (asked.bypass.is_some(), asked.abort.clone())
+            }),
             None => (false, None),
         };
         if bypass {
@@ -89,7 +91,8 @@ impl<E: Send + Sync + 'static> Runner<E> {
         table
             .procs
             .get(&self.id)
-            .is_some_and(|e| e.bypass.is_some())
+            .and_then(|entry| entry.asked())
+            .is_some_and(|asked| asked.bypass.is_some())
     }
 
     /// Ends the procedure as bypassed, without running a handler: records who and why,
@@ -100,8 +103,8 @@ impl<E: Send + Sync + 'static> Runner<E> {
             .table()
             .procs
             .get_mut(&self.id)
-            .and_then(|entry| entry.bypass.take());
-        let Some((by, reason)) = asked.map(|asked| *asked) else {
+            .and_then(|entry| entry.take_asked(|asked| &mut asked.bypass));
+        let Some((by, reason)) = asked else {
             return Ok(());
         };
         tracing::warn!(%by, %reason, state = self.procedure.state(), "bypassed by an operator");
@@ -115,13 +118,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
 
     /// Tells the operators' requests waiting on this procedure how they ended.
     pub(super) fn settle_requests(&self, settled: &Settled) {
-        let acks = match self.inner.table().procs.get_mut(&self.id) {
-            Some(entry) => std::mem::take(&mut entry.request_acks),
-            None => return,
-        };
-        for ack in acks {
-            let _ = ack.send(settled.clone()); // A caller that stopped waiting does not mind.
-        }
+        settle_requests(&self.inner, self.id, settled);
     }
 
     /// Resolves when the deadline passes, if the procedure has one that still applies.
@@ -285,7 +282,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// Tells every `wake` caller waiting on this procedure that its wake-up is durable.
     fn ack_wakes(&self) {
         let acks = match self.inner.table().procs.get_mut(&self.id) {
-            Some(entry) => std::mem::take(&mut entry.wake_acks),
+            Some(entry) => entry.take_asked(|asked| &mut asked.wake_acks),
             None => return,
         };
         for ack in acks {
@@ -297,4 +294,15 @@ impl<E: Send + Sync + 'static> Runner<E> {
 /// The error a procedure whose deadline passed rolls back with.
 pub(super) fn timed_out(state: &str) -> Error {
     Error::fatal(format!("procedure timed out (in step `{state}`)"))
+}
+
+/// Tells the operators' requests waiting on procedure `id` how they ended.
+pub(super) fn settle_requests<E>(inner: &Inner<E>, id: u64, settled: &Settled) {
+    let acks = match inner.table().procs.get_mut(&id) {
+        Some(entry) => entry.take_asked(|asked| &mut asked.request_acks),
+        None => return,
+    };
+    for ack in acks {
+        let _ = ack.send(settled.clone()); // A caller that stopped waiting does not mind.
+    }
 }
