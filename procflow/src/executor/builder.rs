@@ -10,7 +10,7 @@ use super::inner::{self, Inner, Mode, Table};
 use super::record::Wait;
 use super::record::{Envelope, FENCE_KEY, NEXT_ID_KEY, NONCE_PREFIX, records_locks};
 use super::requests;
-use super::runner::{self, Launch};
+use super::runner::{self, Launch, Resumed};
 use super::status::Unloadable;
 use super::timers;
 use super::wakes::WakeLog;
@@ -204,6 +204,7 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             fencing_token: self.fencing_token,
             writes: AtomicU64::new(0),
             tasks: TaskTracker::new(),
+            runtime: tokio::runtime::Handle::current(),
             requests_seen: std::sync::Mutex::default(),
             timers: Arc::default(),
         });
@@ -293,43 +294,45 @@ fn table_from(loaded: &Loaded) -> Result<Table, ExecutorError> {
 /// locks for life holds them again (no one else is granted a conflicting lock first).
 /// Operators' requests left in the store are handed to their procedures then too.
 fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, loaded: &Loaded, aborted: &[u64]) {
-    let records = &loaded.records;
-    let parents: HashMap<u64, Option<u64>> = records.iter().map(|r| (r.id, r.parent)).collect();
+    let parents: HashMap<u64, Option<u64>> =
+        loaded.records.iter().map(|r| (r.id, r.parent)).collect();
+    // Oldest first: the order they took their locks in before the restart.
+    let mut records: Vec<&Record> = loaded.records.iter().collect();
+    records.sort_by_key(|record| record.id);
     let mut live = Vec::new();
+    let mut roots = 0;
     for record in records {
-        let Some(launch) = rebuild(inner, record, &parents) else {
+        let Some(mut launch) = rebuild(inner, record, &parents) else {
             continue;
         };
-        let wake = runner::insert_entry(inner, &launch);
+        runner::insert_loaded(inner, &launch);
         if aborted.contains(&record.id) {
             if let Some(entry) = inner.table().procs.get_mut(&record.id) {
                 entry.ask().abort = Some(crate::Error::fatal("aborted on request"));
             }
         }
-        if !record.finished {
-            live.push((launch, wake, record.value.clone()));
+        if record.finished {
+            continue;
         }
-    }
-    // Oldest first: the order they took their locks in before the restart.
-    live.sort_by_key(|(launch, ..)| launch.id);
-    for (launch, ..) in &mut live {
         if let Wait::Event { name, .. } = &launch.envelope.wait {
             inner.table().listen(name, launch.id);
         }
-        launch.holding = restore_locks(inner, launch);
+        launch.holding = restore_locks(inner, &launch);
+        roots += usize::from(launch.parent.is_none());
+        // A dormant one drops its decoded parts here, before the next is decoded.
+        live.push(Resumed::new(inner, launch, record.value.clone()));
     }
-    let roots = live.iter().filter(|(l, ..)| l.parent.is_none()).count();
     inner
         .live_roots
         .store(roots, std::sync::atomic::Ordering::Release);
     tracing::info!(
         live = live.len(),
-        total = records.len(),
+        total = loaded.records.len(),
         "executor resuming procedures"
     );
     requests::carry_out_stored(inner, &loaded.meta);
-    for (launch, wake, value) in live {
-        runner::start(inner, launch, wake, Some(value));
+    for resumed in live {
+        resumed.start(inner);
     }
 }
 

@@ -11,6 +11,7 @@ use super::wakes::WakeLog;
 use super::watched::Watched;
 use crate::locks::LockTable;
 use crate::{Error, ProcedureId};
+use futures_util::FutureExt;
 use procflow_store::{Batch, Op, Store, StoreError};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
@@ -88,6 +89,9 @@ pub(crate) struct Inner<E> {
     pub(crate) fencing_token: Option<u64>,
     pub(crate) writes: AtomicU64,
     pub(crate) tasks: TaskTracker,
+    /// The runtime the executor started on: a dormant procedure may be roused from
+    /// outside it (a synchronous `abort`), and its task is spawned there.
+    pub(crate) runtime: tokio::runtime::Handle,
     /// Keys of operator requests this executor has in hand (`false`: being carried out,
     /// or unreadable) or has concluded (`true`) while a poll may still read them from
     /// before their delete: the poll for requests left by other processes skips them.
@@ -128,13 +132,22 @@ pub(crate) enum Settled {
 ///
 /// It holds the procedure and the executor (the procedure's `Inner`): the executor
 /// drops every parked procedure when it stops, which breaks that cycle.
-pub(crate) struct Parked(pub(crate) Box<dyn FnOnce() + Send>);
+pub(crate) struct Parked(pub(crate) Box<dyn Sleeper>);
+
+/// What a dormant procedure is, in its table entry, until roused: a parked `Runner`, or
+/// a procedure loaded dormant, kept as its stored value (see `runner::dormant`).
+pub(crate) trait Sleeper: Send {
+    /// Gives the procedure a task again (`entry` is its table entry, out of which it was
+    /// just taken).
+    fn rouse(self: Box<Self>, entry: &mut Entry);
+}
 
 pub(crate) struct Entry {
     pub(crate) info: Watched,
     /// Wakes the procedure's task: its event fired, or one of its children ended (see
-    /// [`Entry::rouse`]).
-    pub(crate) wake: Arc<Notify>,
+    /// [`Entry::rouse`]). Made when first needed ([`Entry::signal`]): a procedure loaded
+    /// dormant has no task to wake, and a million of them would pay 64 bytes each.
+    wake: Option<Arc<Notify>>,
     /// The procedure itself while it is dormant.
     pub(crate) parked: Option<Parked>,
     /// What callers and operators asked of it and wait on, if anything (see [`Asked`]).
@@ -174,7 +187,7 @@ impl Entry {
     pub(crate) fn new(info: ProcedureInfo, nonce: Option<&str>, finished_ms: Option<u64>) -> Self {
         Entry {
             info: Watched::new(info),
-            wake: Arc::new(Notify::new()),
+            wake: None,
             parked: None,
             asked: None,
             nonce: nonce.map(Box::from),
@@ -212,9 +225,25 @@ impl Entry {
     /// a task's last look and its parking.
     pub(crate) fn rouse(&mut self) {
         match self.parked.take() {
-            Some(Parked(resume)) => resume(),
-            None => self.wake.notify_one(),
+            Some(Parked(sleeper)) => sleeper.rouse(self),
+            // Made if need be: the permit waits for a task not started yet (a procedure
+            // loaded at start, roused before it parks).
+            None => self.signal().notify_one(),
         }
+    }
+
+    /// The signal that wakes the procedure's task (see [`Entry::rouse`]).
+    pub(crate) fn signal(&mut self) -> Arc<Notify> {
+        Arc::clone(self.wake.get_or_insert_with(Arc::default))
+    }
+
+    /// Whether the procedure was roused since its task last looked: takes the permit.
+    pub(crate) fn take_permit(&self) -> bool {
+        let permit = self
+            .wake
+            .as_ref()
+            .map(|wake| wake.notified().now_or_never());
+        permit.flatten().is_some()
     }
 }
 
@@ -377,6 +406,11 @@ impl<E> Inner<E> {
             .collect();
         // Outside the table's lock: dropping a procedure runs the user's `Drop`.
         drop(parked);
+    }
+
+    /// Spawns a task of the executor on its runtime, from anywhere.
+    pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
+        self.runtime.spawn(self.tasks.track_future(task));
     }
 
     pub(crate) fn is_running(&self) -> bool {

@@ -2,21 +2,26 @@
 //!
 //! A procedure waiting for an event, its children, a lock, a retry's backoff or a timer
 //! asks to park ([`Runner::park_until`]). At the end of its turn its task gives back the
-//! running slot and leaves the procedure in its table entry as a
-//! [`Parked`](crate::executor::inner::Parked) closure, then ends. Whatever it waits for
+//! running slot and leaves the procedure in its table entry
+//! ([`Parked`](crate::executor::inner::Parked)), then ends. Whatever it waits for
 //! rouses it ([`Entry::rouse`](crate::executor::inner::Entry::rouse)): a wake of its
 //! event, a child that ends, a granted lock, an abort or bypass, or the executor's timer
 //! ([`timers`](crate::executor::timers)) at the time it named. Roused, it gets a task
 //! again, which takes a running slot (first come, first served, with new submits) and
 //! looks at what it waited for: a rouse is only a prompt, so a stale one costs a look.
 //!
+//! What is parked is the procedure's `Runner` ([`SleepingRunner`]) when it parks as it
+//! runs: it may know more than the store (a failed try, a retry's time). A procedure
+//! loaded suspended at start is parked as its value in the store ([`Reload`]): the
+//! store's bytes, shared, and what the table entry holds. A restart of a million
+//! dormant procedures thus costs about their stored bytes.
+//!
 //! A dormant procedure keeps its for-life locks: the lock table holds them, not a task.
 
-use super::{Exit, Runner};
+use super::{Exit, Launch, Runner};
 use crate::executor::builder::launch_stored;
-use crate::executor::inner::{Inner, Parked};
+use crate::executor::inner::{Entry, Inner, Parked, Sleeper};
 use crate::executor::record::now_ms;
-use futures_util::FutureExt;
 use procflow_store::Bytes;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -52,12 +57,8 @@ impl<E: Send + Sync + 'static> Runner<E> {
 
     /// [`Runner::park`] for a procedure already out of the admission count: if it must
     /// go on instead, it is counted in again.
-    pub(super) fn park_counted_out(
-        self,
-        until_ms: Option<u64>,
-        stored: Option<Bytes>,
-    ) -> Result<(), Box<Self>> {
-        self.park(until_ms, stored)
+    pub(super) fn park_counted_out(self, until_ms: Option<u64>) -> Result<(), Box<Self>> {
+        self.park(until_ms)
             .inspect_err(|runner| runner.rejoin_admission())
     }
 
@@ -70,59 +71,11 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// it must not sleep: it was roused since its last look (a permit is waiting), or
     /// its entry is gone. When the executor no longer runs, the procedure is dropped: it
     /// resumes at the next start.
-    ///
-    /// `stored` is the procedure's value in the store when the `Runner` holds nothing
-    /// that value does not (a procedure just loaded): it is then parked as that value,
-    /// shared with the store, and rebuilt from it when roused ([`Reload`]), instead of
-    /// as the whole `Runner`.
-    pub(super) fn park(
-        self,
-        until_ms: Option<u64>,
-        stored: Option<Bytes>,
-    ) -> Result<(), Box<Self>> {
+    pub(super) fn park(self, until_ms: Option<u64>) -> Result<(), Box<Self>> {
         let inner = Arc::clone(&self.inner);
-        let mut table = inner.table();
-        // Under the table's lock: a stop drops the parked procedures after it changed
-        // the mode, so one parking now would never be dropped.
-        if !inner.is_running() {
-            return Ok(());
-        }
-        // Rousers notify under this lock too: a rouse since the last look left a permit.
-        if self.wake.notified().now_or_never().is_some() {
-            return Err(Box::new(self));
-        }
-        let Some(entry) = table.procs.get_mut(&self.id) else {
-            return Err(Box::new(self));
-        };
-        if let Some(at) = until_ms {
-            inner.timers.add(at, self.id);
-        }
-        tracing::trace!(id = self.id, ?until_ms, "dormant");
-        let handle = tokio::runtime::Handle::current();
-        let Some(value) = stored else {
-            entry.parked = Some(Parked(Box::new(move || {
-                tracing::trace!(id = self.id, "roused");
-                self.rejoin_admission();
-                let tasks = self.inner.tasks.clone();
-                let span = self.span();
-                handle.spawn(tasks.track_future(self.run().instrument(span)));
-            })));
-            return Ok(());
-        };
-        let reload = Reload {
-            inner: Arc::clone(&self.inner),
-            id: self.id,
-            parent: self.parent,
-            ancestors: self.ancestors.clone().into_boxed_slice(),
-            holding: self.holding,
-            wake: Arc::clone(&self.wake),
-            value,
-        };
-        entry.parked = Some(Parked(Box::new(move || reload.rouse(&handle))));
-        drop(table);
-        // Outside the table's lock: dropping a procedure may run the user's `Drop`.
-        drop(self);
-        Ok(())
+        let id = self.id;
+        let sleeper = Box::new(SleepingRunner(self));
+        lay_down(&inner, id, until_ms, sleeper).map_err(|sleeper| Box::new(sleeper.0))
     }
 
     /// The span a procedure's task runs in.
@@ -182,39 +135,111 @@ fn rejoin_admission<E>(inner: &Inner<E>, parent: Option<u64>) {
     }
 }
 
-/// A procedure parked as its value in the store: what a `Runner` adds to that value,
-/// for one just loaded. About a tenth of a parked `Runner` (with its envelope, its
-/// procedure's cursor and its history decoded), so that a restart's dormant procedures
-/// cost the store's bytes and their table entries.
-struct Reload<E> {
+/// Parks `sleeper` (procedure `id`) in its table entry,
+/// to be roused by what it waits for, and at `until_ms` at the latest if given. `Err`
+/// gives it back when it must not sleep: it was roused since its last look (a permit is
+/// waiting), or its entry is gone. When the executor no longer runs, it is dropped: the
+/// procedure resumes at the next start.
+fn lay_down<E, S: Sleeper + 'static>(
+    inner: &Inner<E>,
+    id: u64,
+    until_ms: Option<u64>,
+    sleeper: Box<S>,
+) -> Result<(), Box<S>> {
+    let mut table = inner.table();
+    // Under the table's lock: a stop drops the parked procedures after it changed the
+    // mode, so one parking now would never be dropped.
+    if !inner.is_running() {
+        drop(table);
+        // Outside the table's lock: dropping a procedure may run the user's `Drop`.
+        drop(sleeper);
+        return Ok(());
+    }
+    let Some(entry) = table.procs.get_mut(&id) else {
+        return Err(sleeper);
+    };
+    // Rousers notify under this lock too: a rouse since the last look left a permit.
+    if entry.take_permit() {
+        return Err(sleeper);
+    }
+    if let Some(at) = until_ms {
+        inner.timers.add(at, id);
+    }
+    tracing::trace!(id, ?until_ms, "dormant");
+    entry.parked = Some(Parked(sleeper));
+    Ok(())
+}
+
+/// A procedure that parked while it ran: its whole `Runner` (which may know more than
+/// its stored value: tries, a retry's time, a refused write).
+struct SleepingRunner<E>(Runner<E>);
+
+impl<E: Send + Sync + 'static> Sleeper for SleepingRunner<E> {
+    fn rouse(self: Box<Self>, _entry: &mut Entry) {
+        let runner = self.0;
+        tracing::trace!(id = runner.id, "roused");
+        runner.rejoin_admission();
+        let inner = Arc::clone(&runner.inner);
+        let span = runner.span();
+        inner.spawn(runner.run().instrument(span));
+    }
+}
+
+/// A procedure loaded dormant, parked as its value in the store: what a `Runner` adds
+/// to that value, for one just loaded (about a fifth of a parked `Runner` with its
+/// envelope, its procedure's cursor and its history decoded). So a restart's dormant
+/// procedures cost the store's bytes and their table entries. Rebuilt from the value,
+/// as at start, when roused.
+pub(crate) struct Reload<E> {
     inner: Arc<Inner<E>>,
     id: u64,
     parent: Option<u64>,
     ancestors: Box<[u64]>,
     /// Whether it holds its locks (for life, given back at start).
     holding: bool,
-    wake: Arc<Notify>,
     /// Its value as the store holds it (shared, not a copy).
     value: Bytes,
 }
 
 impl<E: Send + Sync + 'static> Reload<E> {
-    /// Gives the procedure a task again: it decodes the value and runs.
-    fn rouse(self, handle: &tokio::runtime::Handle) {
-        tracing::trace!(id = self.id, "roused");
-        rejoin_admission(&self.inner, self.parent);
-        let tasks = self.inner.tasks.clone();
-        handle.spawn(tasks.track_future(self.run()));
+    /// `launch`, just loaded from `value`, as its stored value.
+    pub(super) fn of(inner: &Arc<Inner<E>>, launch: Launch<E>, value: Bytes) -> Box<Self> {
+        Box::new(Reload {
+            inner: Arc::clone(inner),
+            id: launch.id,
+            parent: launch.parent,
+            ancestors: launch.ancestors.into_boxed_slice(),
+            holding: launch.holding,
+            value,
+        })
     }
 
-    async fn run(self) {
+    /// Parks it at once, out of the admission count, until roused or `until_ms`; if it
+    /// must not sleep, it runs.
+    pub(super) fn park(self: Box<Self>, until_ms: Option<u64>) {
+        let inner = Arc::clone(&self.inner);
+        leave_admission(&inner, self.parent);
+        if let Err(reload) = lay_down(&inner, self.id, until_ms, self) {
+            let wake = super::signal_of(&inner, reload.id);
+            (*reload).start(wake);
+        }
+    }
+
+    /// Gives it a task, counted in again, whose runner `wake` wakes.
+    fn start(self, wake: Arc<Notify>) {
+        tracing::trace!(id = self.id, "roused");
+        rejoin_admission(&self.inner, self.parent);
+        let inner = Arc::clone(&self.inner);
+        inner.spawn(self.run(wake));
+    }
+
+    async fn run(self, wake: Arc<Notify>) {
         let Reload {
             inner,
             id,
             parent,
             ancestors,
             holding,
-            wake,
             value,
         } = self;
         let loaded = launch_stored(&inner, id, parent, ancestors.into_vec(), &value, false);
@@ -232,5 +257,11 @@ impl<E: Send + Sync + 'static> Reload<E> {
                 super::unloadable::give_up(&inner, id, parent, holding, &machine, reason);
             }
         }
+    }
+}
+
+impl<E: Send + Sync + 'static> Sleeper for Reload<E> {
+    fn rouse(self: Box<Self>, entry: &mut Entry) {
+        (*self).start(entry.signal());
     }
 }

@@ -23,6 +23,7 @@ use super::wakes::StepStart;
 use crate::locks::{Hold, LockKeyError, Locks};
 use crate::operator::history::{StepKind, StepOutcome};
 use crate::{Context, Error, Phase, ProcedureId};
+use dormant::Reload;
 use futures_util::FutureExt;
 use procflow_store::{Batch, Bytes};
 use std::panic::AssertUnwindSafe;
@@ -56,33 +57,55 @@ pub(crate) struct Launch<E> {
 /// Adds the procedure to the table (if it is not there yet) and starts its task.
 pub(crate) fn launch<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, launch: Launch<E>) {
     let wake = insert_entry(inner, &launch);
-    start(inner, launch, wake, None);
+    start(inner, launch, wake);
 }
 
-/// Spawns the task of a procedure whose table entry exists (`wake` is its signal); one
-/// suspended on an event parks at once instead (a procedure loaded at start).
-///
-/// `stored` is its value in the store, for one just loaded: if it parks at once, it is
-/// parked as that value (see [`Runner::park`]).
-pub(crate) fn start<E: Send + Sync + 'static>(
-    inner: &Arc<Inner<E>>,
-    launch: Launch<E>,
-    wake: Arc<Notify>,
-    stored: Option<Bytes>,
-) {
-    let mut runner = Runner::new(inner, launch, wake);
-    if let Wait::Event { until_ms, .. } = runner.envelope.wait {
-        // A wake, an abort or a due time rouses it as it would a task that parked.
-        let until = dormant::earliest(until_ms, runner.deadline_ms());
-        // Out of the admission count, as `park_until` does for a running procedure.
-        runner.leave_admission();
-        match runner.park_counted_out(until, stored) {
-            Ok(()) => return,
-            Err(roused) => runner = *roused,
-        }
-    }
+/// Spawns the task of a procedure whose table entry exists (`wake` is its signal).
+fn start<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, launch: Launch<E>, wake: Arc<Notify>) {
+    let runner = Runner::new(inner, launch, wake);
     let span = runner.span();
     inner.tasks.spawn(runner.run().instrument(span));
+}
+
+/// A procedure loaded at start, its entry in the table, to start once every loaded
+/// procedure's entry is there ([`Resumed::start`]).
+pub(crate) enum Resumed<E> {
+    /// Suspended on an event: it parks at once, as its stored value ([`Reload`]); its
+    /// decoded parts are dropped already, so that a restart's peak memory is not every
+    /// procedure decoded at once.
+    Dormant {
+        reload: Box<Reload<E>>,
+        /// When it is due: its event's timeout or its deadline, the earlier.
+        until_ms: Option<u64>,
+    },
+    /// It runs: it gets a task. (Boxed: most loaded procedures are dormant, and the
+    /// list of them is as long as the store.)
+    Runnable(Box<Launch<E>>, Arc<Notify>),
+}
+
+impl<E: Send + Sync + 'static> Resumed<E> {
+    /// `launch`, just loaded from `value`, its entry in the table.
+    pub(crate) fn new(inner: &Arc<Inner<E>>, launch: Launch<E>, value: Bytes) -> Self {
+        let Wait::Event { until_ms, .. } = launch.envelope.wait else {
+            let wake = signal_of(inner, launch.id);
+            return Self::Runnable(Box::new(launch), wake);
+        };
+        let may_roll_back = waits::may_roll_back(launch.procedure.as_ref(), &launch.envelope);
+        let deadline = launch.envelope.deadline_ms.filter(|_| may_roll_back);
+        Self::Dormant {
+            until_ms: dormant::earliest(until_ms, deadline),
+            reload: Reload::of(inner, launch, value),
+        }
+    }
+
+    /// Parks it (a wake, an abort or a due time rouses it as it would a task that
+    /// parked), or spawns its task.
+    pub(crate) fn start(self, inner: &Arc<Inner<E>>) {
+        match self {
+            Self::Dormant { reload, until_ms } => reload.park(until_ms),
+            Self::Runnable(launch, wake) => start(inner, *launch, wake),
+        }
+    }
 }
 
 /// Runs, in the calling task, a procedure whose table entry exists (a submit's task,
@@ -147,7 +170,15 @@ impl<E: Send + Sync + 'static> Runner<E> {
 pub(crate) fn insert_entry<E>(inner: &Inner<E>, launch: &Launch<E>) -> Arc<Notify> {
     let info = launch.info();
     let mut table = inner.table();
-    insert_entry_locked(&mut table, launch, info)
+    insert_entry_locked(&mut table, launch, info).signal()
+}
+
+/// The table entry for a procedure loaded at start, created if missing, without a
+/// wake-up signal yet ([`Resumed::new`] makes one for a procedure that gets a task).
+pub(crate) fn insert_loaded<E>(inner: &Inner<E>, launch: &Launch<E>) {
+    let info = launch.info();
+    let mut table = inner.table();
+    insert_entry_locked(&mut table, launch, info);
 }
 
 impl<E> Launch<E> {
@@ -171,21 +202,30 @@ impl<E> Launch<E> {
     }
 }
 
-fn insert_entry_locked<E>(
-    table: &mut super::inner::Table,
+fn insert_entry_locked<'t, E>(
+    table: &'t mut super::inner::Table,
     launch: &Launch<E>,
     info: ProcedureInfo,
-) -> Arc<Notify> {
+) -> &'t mut Entry {
     // Boxed: the map's spare slots (a hash map is up to half empty) then cost a pointer
     // each, not a whole entry.
-    let entry = table.procs.entry(launch.id).or_insert_with(|| {
+    table.procs.entry(launch.id).or_insert_with(|| {
         Box::new(Entry::new(
             info,
             launch.envelope.nonce.as_deref(),
             launch.envelope.finished_ms,
         ))
-    });
-    Arc::clone(&entry.wake)
+    })
+}
+
+/// The signal that wakes procedure `id`'s task (see [`Entry::signal`]); one linked to
+/// nothing if its entry is gone (the task then finds it gone at its first look).
+pub(crate) fn signal_of<E>(inner: &Inner<E>, id: u64) -> Arc<Notify> {
+    let mut table = inner.table();
+    table
+        .procs
+        .get_mut(&id)
+        .map_or_else(Arc::default, |entry| entry.signal())
 }
 
 /// The public snapshot of a procedure.
@@ -282,7 +322,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             // Dormant: no slot, no task, until roused. Roused already: look again.
             drop(slot);
             // Counted out by `park_until`.
-            match self.park_counted_out(until, None) {
+            match self.park_counted_out(until) {
                 Ok(()) => return,
                 Err(runner) => self = *runner,
             }

@@ -7,9 +7,10 @@
 //! state too when its handler ran ([`Runner::acted`]), since it may have partly acted.
 
 use super::{Exit, Runner, dormant};
+use crate::executor::erased::DynProcedure;
 use crate::executor::hooks::WriteKind;
 use crate::executor::inner::{Inner, Settled};
-use crate::executor::record::{Wait, now_ms};
+use crate::executor::record::{Envelope, Wait, now_ms};
 use crate::executor::status::{ProcedureInfo, Status};
 use crate::operator::history::{StepKind, StepOutcome};
 use crate::{Error, Phase};
@@ -23,12 +24,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// it runs forward (or its last step ended it, but the end is not recorded yet) and
     /// it is not past a point of no return.
     pub(super) fn may_roll_back(&self) -> bool {
-        let forward = match self.procedure.phase() {
-            Phase::Running => true,
-            Phase::Succeeded => self.envelope.finished_ms.is_none(),
-            _ => false,
-        };
-        forward && !self.procedure.past_point_of_no_return()
+        may_roll_back(self.procedure.as_ref(), &self.envelope)
     }
 
     /// Why the procedure must stop now, if it must: an abort was asked for, or its
@@ -305,4 +301,15 @@ pub(super) fn settle_requests<E>(inner: &Inner<E>, id: u64, settled: &Settled) {
     for ack in acks {
         let _ = ack.send(settled.clone()); // A caller that stopped waiting does not mind.
     }
+}
+
+/// Whether an abort or the deadline may still end `procedure` by rolling it back (see
+/// [`Runner::may_roll_back`]).
+pub(super) fn may_roll_back<E>(procedure: &dyn DynProcedure<E>, envelope: &Envelope) -> bool {
+    let forward = match procedure.phase() {
+        Phase::Running => true,
+        Phase::Succeeded => envelope.finished_ms.is_none(),
+        _ => false,
+    };
+    forward && !procedure.past_point_of_no_return()
 }
