@@ -5,7 +5,7 @@ use super::erased::Registry;
 use super::error::ExecutorError;
 use super::hooks::{KillHook, StoreWrite, WriteKind, WritePoint};
 use super::record::NEXT_ID_KEY;
-use super::status::{ProcedureInfo, Unloadable};
+use super::status::{Outcome, ProcedureInfo, Unloadable};
 use super::timers::Timers;
 use super::wakes::WakeLog;
 use super::watched::Watched;
@@ -172,6 +172,9 @@ pub(crate) struct Asked {
     /// Operator requests (abort, bypass) waiting until this procedure has acted on them
     /// durably, or refused them.
     pub(crate) request_acks: Vec<oneshot::Sender<Settled>>,
+    /// Callers of `Executor::wait`, told its outcome once it has ended (a sender dropped
+    /// with the entry tells them it is gone).
+    pub(crate) waits: Vec<oneshot::Sender<Outcome>>,
 }
 
 impl Asked {
@@ -180,6 +183,7 @@ impl Asked {
             && self.bypass.is_none()
             && self.wake_acks.is_empty()
             && self.request_acks.is_empty()
+            && self.waits.is_empty()
     }
 }
 
@@ -216,6 +220,36 @@ impl Entry {
             self.asked = None;
         }
         taken
+    }
+
+    /// Publishes the procedure's new snapshot, telling its subscribers if it changed;
+    /// once it has ended, the callers of `wait` are told how.
+    pub(crate) fn publish(&mut self, info: ProcedureInfo) {
+        self.info.send_if_changed(info);
+        if self.asked.is_none() {
+            return;
+        }
+        let Some(outcome) = self.info.borrow().outcome() else {
+            return;
+        };
+        for wait in self.take_asked(|asked| &mut asked.waits) {
+            let _ = wait.send(outcome.clone()); // A caller that stopped waiting does not mind.
+        }
+    }
+
+    /// A receiver of the procedure's outcome, if it has not ended yet: `Err` holds it if
+    /// it has.
+    pub(crate) fn await_outcome(&mut self) -> Result<oneshot::Receiver<Outcome>, Outcome> {
+        if let Some(outcome) = self.info.borrow().outcome() {
+            return Err(outcome);
+        }
+        let (sender, receiver) = oneshot::channel();
+        let waits = &mut self.ask().waits;
+        // Callers that stopped waiting (a `wait` under a timeout, called again and again)
+        // must not pile up.
+        waits.retain(|wait| !wait.is_closed());
+        waits.push(sender);
+        Ok(receiver)
     }
 
     /// Something the procedure may wait for happened: resumes it if it is dormant, else
@@ -541,7 +575,7 @@ impl<E> Inner<E> {
     /// one its entry was created with).
     pub(crate) fn publish(&self, info: ProcedureInfo) {
         if let Some(entry) = self.table().procs.get_mut(&info.id.get()) {
-            entry.info.send_if_changed(info);
+            entry.publish(info);
         }
     }
 

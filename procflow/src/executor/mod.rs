@@ -230,25 +230,27 @@ impl<E: Send + Sync + 'static> Executor<E> {
     ///
     /// Cancel safe: dropping the future only stops the waiting.
     pub async fn wait(&self, id: ProcedureId) -> Result<Outcome, ExecutorError> {
-        let mut info = self.subscribe(id).ok_or(ExecutorError::NotFound(id))?;
+        // Told once, at the end: not woken at every step, as a subscriber is.
+        let outcome = {
+            let mut table = self.inner.table();
+            let entry = table.procs.get_mut(&id.get());
+            match entry.ok_or(ExecutorError::NotFound(id))?.await_outcome() {
+                Ok(outcome) => outcome,
+                Err(ended) => return Ok(ended),
+            }
+        };
         let mut mode = self.inner.mode.subscribe();
-        loop {
-            if let Some(outcome) = info.borrow_and_update().outcome() {
-                return Ok(outcome);
-            }
-            match &*mode.borrow_and_update() {
-                Mode::Running => {}
-                Mode::ShuttingDown => return Err(ExecutorError::ShutDown),
-                Mode::Halted(reason) => return Err(reason.clone()),
-            }
-            tokio::select! {
-                changed = info.changed() => {
-                    if changed.is_err() {
-                        return Err(ExecutorError::NotFound(id));
-                    }
-                }
-                _ = mode.changed() => {}
-            }
+        tokio::select! {
+            // An end and a stop both ready: the end is the answer.
+            biased;
+            outcome = outcome => outcome.map_err(|_| ExecutorError::NotFound(id)),
+            stopped = mode.wait_for(|mode| !matches!(mode, Mode::Running)) => match stopped {
+                Ok(mode) => match &*mode {
+                    Mode::Halted(reason) => Err(reason.clone()),
+                    _ => Err(ExecutorError::ShutDown),
+                },
+                Err(_) => Err(ExecutorError::ShutDown),
+            },
         }
     }
 

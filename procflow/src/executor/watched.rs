@@ -4,7 +4,7 @@
 //! channel costs about 530 bytes (its shared state has nine `Notify`s), more than half
 //! a dormant procedure's own footprint; most procedures are never subscribed to while
 //! they wait. So the entry keeps the snapshot itself, and makes the channel when the
-//! first subscriber asks (`Executor::subscribe`, `wait`), from then on sending every
+//! first subscriber asks (`Executor::subscribe`), from then on sending every
 //! change through it. The API mirrors `watch::Sender`'s, so callers read the same.
 
 use super::status::ProcedureInfo;

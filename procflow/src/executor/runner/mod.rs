@@ -661,7 +661,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
         let mut table = self.inner.table();
         if let Some(entry) = table.procs.get_mut(&self.id) {
             entry.finished_ms = self.envelope.finished_ms;
-            entry.info.send_replace(info);
+            entry.publish(info);
         }
         if let Some(parent) = self.parent.and_then(|parent| table.procs.get_mut(&parent)) {
             parent.rouse();
