@@ -38,6 +38,8 @@ on_both_stores! {
     abort_of_a_queued_procedure_does_not_wait_for_a_slot => abort_of_a_queued_procedure_does_not_wait_for_a_slot;
     shutdown_finishes_the_step_in_flight_and_resumes_later => shutdown_finishes_the_step_in_flight_and_resumes_later;
     subscription_sees_the_terminal_state => subscription_sees_the_terminal_state;
+    wait_answers_every_waiter_once_the_procedure_ends => wait_answers_every_waiter_once_the_procedure_ends;
+    wait_gives_the_stop_reason_when_the_executor_stops_first => wait_gives_the_stop_reason_when_the_executor_stops_first;
 }
 
 async fn start(store: &TestStore, ledger: &Ledger) -> Executor<Ledger> {
@@ -718,4 +720,92 @@ async fn a_value_the_store_refuses_fails_only_its_procedure() {
     // The executor goes on.
     let ok = executor.submit(Counter::named("small")).await.unwrap();
     assert_eq!(executor.wait(ok).await.unwrap(), Outcome::Succeeded);
+}
+
+/// What a spawned `wait` returned; a waiter never answered fails the test.
+async fn answer(
+    waiter: tokio::task::JoinHandle<Result<Outcome, ExecutorError>>,
+) -> Result<Outcome, ExecutorError> {
+    tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("the waiter was never answered")
+        .unwrap()
+}
+
+/// Suspends a counter on event `name` and returns its id once it waits there.
+async fn suspended_counter(executor: &Executor<Ledger>, name: &str) -> ProcedureId {
+    let counter = Counter {
+        suspend_at: Some(2),
+        ..Counter::named(name)
+    };
+    let id = executor.submit(counter).await.unwrap();
+    let suspended = |status: &Status| matches!(status, Status::Suspended { .. });
+    common::status_is(executor, id, Duration::from_secs(30), suspended).await;
+    id
+}
+
+/// `wait` is told the outcome at the end: every waiter (several at once, and one that
+/// gave up many times under a timeout first) gets it, a wait after the end gets it at
+/// once, and an unknown id is `NotFound`.
+async fn wait_answers_every_waiter_once_the_procedure_ends(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let id = suspended_counter(&executor, "p").await;
+    for _ in 0..200 {
+        let waited = tokio::time::timeout(Duration::from_micros(100), executor.wait(id)).await;
+        assert!(waited.is_err(), "no outcome while it is suspended");
+    }
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let executor = executor.clone();
+            tokio::spawn(async move { executor.wait(id).await })
+        })
+        .collect();
+    ledger.push("p woken");
+    assert_eq!(executor.wake("p").await.unwrap(), 1);
+    for waiter in waiters {
+        assert_eq!(answer(waiter).await.unwrap(), Outcome::Succeeded);
+    }
+    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    let unknown = ProcedureId::new(id.get() + 1_000);
+    assert!(matches!(
+        executor.wait(unknown).await,
+        Err(ExecutorError::NotFound(missing)) if missing == unknown
+    ));
+    executor.shutdown().await.unwrap();
+}
+
+/// A procedure that has not ended when the executor stops: `wait` returns why it stopped
+/// (a shutdown, a kill), for a waiter already waiting and for one that comes after.
+async fn wait_gives_the_stop_reason_when_the_executor_stops_first(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let id = suspended_counter(&executor, "p").await;
+    let waiting = {
+        let executor = executor.clone();
+        tokio::spawn(async move { executor.wait(id).await })
+    };
+    executor.shutdown().await.unwrap();
+    assert!(matches!(
+        answer(waiting).await,
+        Err(ExecutorError::ShutDown)
+    ));
+    assert!(matches!(
+        executor.wait(id).await,
+        Err(ExecutorError::ShutDown)
+    ));
+    drop(executor);
+
+    let store = store.reopen();
+    let executor = start(&store, &ledger).await;
+    let waiting = {
+        let executor = executor.clone();
+        tokio::spawn(async move { executor.wait(id).await })
+    };
+    executor.kill();
+    assert!(matches!(answer(waiting).await, Err(ExecutorError::Killed)));
+    assert!(matches!(
+        executor.wait(id).await,
+        Err(ExecutorError::Killed)
+    ));
 }
