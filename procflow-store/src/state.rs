@@ -78,9 +78,12 @@ impl<V> Change<V> {
 pub(crate) struct Prepared {
     pub(crate) changes: Vec<Change>,
     pub(crate) fencing_token: Option<u64>,
+    /// The batch's op buffer, emptied: the WAL's committer thread hands it back to the
+    /// committing task to free (its `Leftovers` say why).
+    pub(crate) spent: Vec<Op>,
 }
 
-/// Resolves `ops` into self-contained changes: a `Finish` becomes a `Put` of the finished
+/// Resolves `ops`, leaving the vector empty, into self-contained changes: a `Finish` becomes a `Put` of the finished
 /// record with its parent, taken from an earlier op of the same batch or, for a record the
 /// batch has not touched, from `parent_of` (`None`: no such record). Returns the changes and
 /// the ids `parent_of` answered for: the records that must still exist when they apply.
@@ -89,13 +92,13 @@ pub(crate) struct Prepared {
 ///
 /// [`StoreError::UnknownProcedure`] for a `Finish` of a record that does not exist.
 pub(crate) fn resolve(
-    ops: Vec<Op>,
+    ops: &mut Vec<Op>,
     mut parent_of: impl FnMut(ProcId) -> Option<Option<ProcId>>,
 ) -> Result<(Vec<Change>, Vec<ProcId>), StoreError> {
     let mut overlay = Overlay::for_ops(ops.len());
     let mut looked_up = Vec::new();
     let mut changes = Vec::with_capacity(ops.len());
-    for op in ops {
+    for op in ops.drain(..) {
         let change = match op {
             Op::Put { id, parent, value } => {
                 overlay.insert(id, Some(parent));
@@ -204,10 +207,12 @@ impl State {
             return Err(StoreError::Fenced { token, highest });
         }
         let records = &self.records;
-        let (changes, _) = resolve(batch.ops, |id| records.get(&id).map(|r| r.parent))?;
+        let mut spent = batch.ops;
+        let (changes, _) = resolve(&mut spent, |id| records.get(&id).map(|r| r.parent))?;
         Ok(Prepared {
             changes,
             fencing_token: batch.fencing_token,
+            spent,
         })
     }
 
@@ -218,35 +223,35 @@ impl State {
         }
     }
 
-    /// Applies one change.
-    pub(crate) fn apply(&mut self, change: Change) {
-        match change {
+    /// Applies one change; returns the value it replaced or removed, if any, for the
+    /// caller to free where it chooses.
+    pub(crate) fn apply(&mut self, change: Change) -> Option<Bytes> {
+        let replaced = match change {
             Change::Put {
                 id,
                 parent,
                 finished,
                 value,
             } => {
-                self.records.insert(
+                let record = Record {
                     id,
-                    Record {
-                        id,
-                        parent,
-                        finished,
-                        value,
-                    },
-                );
+                    parent,
+                    finished,
+                    value,
+                };
+                self.records.insert(id, record)
             }
-            Change::Delete { id } => {
-                self.records.remove(&id);
-            }
+            Change::Delete { id } => self.records.remove(&id),
             Change::PutMeta { key, value } => {
                 self.meta.insert(key, value.to_vec());
+                None
             }
             Change::DeleteMeta { key } => {
                 self.meta.remove(&key);
+                None
             }
-        }
+        };
+        replaced.map(|record| record.value)
     }
 
     /// The current change that recreates `key`, if the key exists.

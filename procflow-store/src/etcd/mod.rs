@@ -221,7 +221,7 @@ impl EtcdStore {
 
     /// Resolves `batch` into self-contained writes: a `Finish` needs the record's parent,
     /// from this batch, from memory, or read from etcd.
-    async fn prepare(&self, batch: Batch) -> Result<Prepared, StoreError> {
+    async fn prepare(&self, mut batch: Batch) -> Result<Prepared, StoreError> {
         // Read first what the resolver may ask and this store does not remember: the
         // parents of records it has not seen live.
         let mut read = HashMap::new();
@@ -237,7 +237,7 @@ impl EtcdStore {
         }
         let (changes, looked_up) = {
             let remembered = self.shared.parents();
-            resolve(batch.ops, |id| {
+            resolve(&mut batch.ops, |id| {
                 remembered.get(&id).or_else(|| read.get(&id)).copied()
             })?
         };

@@ -21,14 +21,14 @@ use std::thread::JoinHandle;
 
 pub use config::{SyncMode, WalConfig};
 
-use self::committer::{Queue, Request};
+use self::committer::{Answer, Queue, Request};
 use self::compaction::LiveIndex;
 use self::writer::Writer;
 use crate::error::StoreError;
 use crate::io::{DirLock, FsBackend, IoBackend};
 use crate::state::State;
 use crate::store::{
-    Batch, BoxFuture, Limits, Loaded, ProcId, Record, RecordInfo, Store, with_prefix,
+    Batch, BoxFuture, Limits, Loaded, Op, ProcId, Record, RecordInfo, Store, with_prefix,
 };
 use std::collections::BTreeMap;
 
@@ -301,7 +301,8 @@ impl Inner {
 
     /// Commits `batch`: on this thread if it is the only commit in flight and nothing is
     /// being served ([`WalConfig::inline_lone_commit`]), else through the committer.
-    async fn commit(&self, batch: Batch) -> Result<(), StoreError> {
+    async fn commit(&self, mut batch: Batch) -> Result<(), StoreError> {
+        fit_values(&mut batch);
         let (reply, answer) = tokio::sync::oneshot::channel();
         let in_flight = InFlight::enter(&self.in_flight);
         let mut request = Request::Commit(batch, reply);
@@ -324,11 +325,11 @@ impl Inner {
     }
 
     /// The answer of a commit served inline: already there.
-    fn answered(
-        mut answer: tokio::sync::oneshot::Receiver<Result<(), StoreError>>,
-    ) -> Result<(), StoreError> {
+    fn answered(mut answer: tokio::sync::oneshot::Receiver<Answer>) -> Result<(), StoreError> {
         // A missing answer means serving it panicked, which poisoned the store.
-        answer.try_recv().unwrap_or(Err(StoreError::Poisoned))
+        answer
+            .try_recv()
+            .map_or(Err(StoreError::Poisoned), |answer| answer.result)
     }
 
     /// Asks the committer thread to close the store and waits for its answer.
@@ -345,7 +346,7 @@ impl Inner {
     async fn hand_over(
         &self,
         request: Request,
-        answer: tokio::sync::oneshot::Receiver<Result<(), StoreError>>,
+        answer: tokio::sync::oneshot::Receiver<Answer>,
         in_flight: InFlight<'_>,
         closed: Result<(), StoreError>,
     ) -> Result<(), StoreError> {
@@ -362,7 +363,23 @@ impl Inner {
             answer.await.ok()
         };
         // A dropped reply means the committer thread died: nothing it had is durable.
-        answer.unwrap_or(Err(StoreError::Poisoned))
+        // The answer's leftovers are freed here, on this task's thread.
+        answer.map_or(Err(StoreError::Poisoned), |answer| answer.result)
+    }
+}
+
+/// Drops the spare capacity of the batch's values, on the committing task's thread.
+///
+/// Why: the committer thread keeps each value as `Bytes`, and `Bytes::from` a vector
+/// with spare capacity allocates a shared header there, on the committer thread, that a
+/// worker thread frees when the value is replaced. Each such free waits for the lock of
+/// the committer thread's allocator arena while the committer thread allocates. An exact
+/// vector becomes `Bytes` without an allocation.
+fn fit_values(batch: &mut Batch) {
+    for op in &mut batch.ops {
+        if let Op::Put { value, .. } | Op::Finish { value, .. } = op {
+            value.shrink_to_fit();
+        }
     }
 }
 
