@@ -33,6 +33,20 @@ pub(crate) fn records_locks(value: &[u8]) -> bool {
     value.first().is_some_and(|&version| version >= LOCKS_SINCE)
 }
 
+thread_local! {
+    /// The buffer each thread encodes records in; the record is then copied out at its
+    /// exact size. Why: a store keeps a value as `Bytes`, and `Bytes::from` a vector with
+    /// spare capacity allocates a shared header, once per write. With the WAL that
+    /// header is allocated on the committer thread and freed by a worker, which waits for
+    /// the lock of the committer thread's allocator arena. A buffer grown per record also
+    /// reallocates: a copy costs less than either.
+    static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The largest [`SCRATCH`] buffer kept between records: one huge record should not pin
+/// its size for the thread's life.
+const SCRATCH_KEPT: usize = 64 * 1024;
+
 /// Metadata key holding the first procedure id not yet handed out (u64, little endian).
 pub(crate) const NEXT_ID_KEY: &str = "procflow/next_id";
 /// Metadata key holding the fencing token of the executor that last took the store over
@@ -209,7 +223,8 @@ impl Envelope {
     }
 
     /// Writes the envelope, stamped with the time of this write, and appends the snapshot
-    /// bytes `encode_snapshot` produces into the same buffer.
+    /// bytes `encode_snapshot` produces into the same buffer. The value returned has no
+    /// spare capacity ([`SCRATCH`] says why).
     pub(crate) fn encode(
         &mut self,
         encode_snapshot: impl FnOnce(Vec<u8>) -> Result<Vec<u8>, CodecError>,
@@ -227,12 +242,16 @@ impl Envelope {
             machine: "(envelope)",
             source,
         };
-        // Room for the fields, the history and a small snapshot: one allocation for most
-        // records instead of a buffer that grows several times.
-        let room = 256 + self.history.encoded_len();
-        let out = postcard::to_extend(self, Vec::with_capacity(room)).map_err(failed)?;
+        let scratch = SCRATCH.take();
+        let out = postcard::to_extend(self, scratch).map_err(failed)?;
         let out = self.history.write_to(out).map_err(failed)?;
-        encode_snapshot(out)
+        let mut out = encode_snapshot(out)?;
+        let value = out.to_vec();
+        if out.capacity() <= SCRATCH_KEPT {
+            out.clear();
+            SCRATCH.set(out);
+        }
+        Ok(value)
     }
 
     /// Splits a stored value into its envelope and snapshot.

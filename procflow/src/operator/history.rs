@@ -102,6 +102,9 @@ pub(crate) struct History {
     pub(crate) dropped: u64,
 }
 
+/// The bytes [`History::append`] reserves for a new history: about six entries.
+const FIRST_ROOM: usize = 128;
+
 impl History {
     /// Appends an entry, dropping the oldest ones beyond `keep` (0 keeps none).
     pub(crate) fn push(&mut self, mark: Mark, keep: usize) {
@@ -129,6 +132,12 @@ impl History {
 
     /// Encodes `mark` after the kept entries.
     fn append(&mut self, mark: &Mark) -> postcard::Result<()> {
+        if self.lens.is_empty() && self.bytes.capacity() == 0 {
+            // Room for a few entries at once: grown from nothing a byte at a time, the
+            // buffer reallocated five times in a procedure's first ten steps.
+            self.bytes.reserve(FIRST_ROOM);
+            self.lens.reserve(FIRST_ROOM / 16);
+        }
         let before = self.bytes.len();
         let bytes = postcard::to_extend(mark, std::mem::take(&mut self.bytes));
         // On an error the buffer is gone with it: start again, counting the lost ones.
@@ -155,11 +164,6 @@ impl History {
         let mut out = postcard::to_extend(&self.lens.len(), out)?;
         out.extend_from_slice(&self.bytes);
         postcard::to_extend(&self.dropped, out)
-    }
-
-    /// How many bytes [`write_to`](Self::write_to) appends, about.
-    pub(crate) fn encoded_len(&self) -> usize {
-        self.bytes.len() + 12
     }
 
     /// The kept entries, decoded, oldest first.
