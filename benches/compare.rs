@@ -10,7 +10,9 @@
 //! Every workload runs the same ten-step machine with 64 bytes of state
 //! (`compare/machine.rs`) in closed-loop clients: each client runs one procedure to its
 //! end, then the next, for the cell's time. Ratios are throughput ratios to the
-//! baseline measured in the same run (higher is better). The last line is
+//! baseline measured in the same run (higher is better); the summary's ratios come from
+//! sides that take turns in short slices where the drift of this VM between seconds
+//! would otherwise decide them (`drive::alternate`). The last line is
 //! `summary: single_vs_raw=X wal256_vs_raw=X wal256_vs_redb=X mem_vs_loop=X load_vs_read=X
 //! wal1024_vs_mem=X rss_vs_live=X`, `n/a` for what is not measured. `rss_vs_live` is lower
 //! is better; every other ratio higher is better.
@@ -70,7 +72,9 @@ mod with_etcd;
 #[path = "../tests/support/workers.rs"]
 mod workers;
 
-use drive::{Rate, closed_loop, executor_closed_loop, store_commit_loop};
+use drive::{
+    Rate, closed_loop, executor_closed_loop, run_procedures, start_executor, store_commit_loop,
+};
 use machine::{Payload, STATE_BYTES, STEPS, TenSteps, drive as drive_by_hand};
 use procflow::executor::{Executor, Outcome};
 use procflow::{Context, ProcedureId};
@@ -170,6 +174,7 @@ fn main() {
     concurrency_sweep(raw, &wal, &mut summary);
     let redb = versus_redb(&plan, &runtime, base.path(), &wal, &mut summary);
     executor_overhead(&plan, &runtime, &wal, &mut summary);
+    durability_cost(&plan, &runtime, base.path(), &mut summary);
     hbase_store::run(plan.quick, &runtime, base.path());
     let restarted = restart::run(plan.quick, &runtime, base.path());
     summary.load_vs_read = Some(restarted.load_vs_read);
@@ -534,9 +539,9 @@ fn versus_redb(
 }
 
 /// Workload 4: the executor on a `MemStore` vs the same handlers driven by hand, making
-/// the same writes to a `MemStore` (the baseline of `mem_vs_loop`); the loops that
-/// persist nothing are extra columns. Also `wal1024_vs_mem`: the durable WAL cell of
-/// workload 2 at 1024 over the executor on `MemStore` at 1024, the cost of durability.
+/// the same writes to a `MemStore` (the baseline of `mem_vs_loop`), the two taking
+/// turns; the loops that persist nothing are extra columns, measured apart, and so is
+/// the last column, workload 2's durable WAL cell over this executor.
 fn executor_overhead(plan: &Plan, runtime: &Runtime, wal: &[WalCell], summary: &mut Summary) {
     println!();
     println!("## (4) executor overhead: executor on MemStore vs a hand-written tokio loop");
@@ -545,22 +550,20 @@ fn executor_overhead(plan: &Plan, runtime: &Runtime, wal: &[WalCell], summary: &
         "| concurrent | executor steps/s | loop persisting each step to a MemStore | ratio | loop, await point per step, no store | ratio | loop, no await point, no store | ratio | durable WAL executor (2) / this |"
     );
     println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let mut spreads = Vec::new();
     for &clients in plan.concurrency {
-        let (executor, yielding, straight, persisting) = runtime.block_on(async {
-            let store: Arc<dyn Store> = Arc::new(MemStore::new());
-            let (rate, executor) = executor_closed_loop(store, clients, plan.cell).await;
-            executor.shutdown().await.expect("shutdown");
+        let (turns, yielding, straight) = runtime.block_on(async {
+            let turns = executor_against_hand_store(clients, plan.cell).await;
             let yielding = hand_loop(clients, plan.cell, true).await;
             let straight = hand_loop(clients, plan.cell, false).await;
-            let store: Arc<dyn Store> = Arc::new(MemStore::new());
-            let persisting = hand_store::closed_loop_on_store(store, clients, plan.cell).await;
-            (rate, yielding, straight, persisting)
+            (turns, yielding, straight)
         });
+        spreads.push((clients, turns.spread()));
         let (e, y, s, p) = (
-            executor.steps_per_sec(),
+            turns.a.steps_per_sec(),
             yielding.steps_per_sec(),
             straight.steps_per_sec(),
-            persisting.steps_per_sec(),
+            turns.b.steps_per_sec(),
         );
         let durable = wal
             .iter()
@@ -576,10 +579,85 @@ fn executor_overhead(plan: &Plan, runtime: &Runtime, wal: &[WalCell], summary: &
         if clients == 256 {
             summary.mem_vs_loop = Some(e / p);
         }
-        if clients == 1024 {
-            summary.wal1024_vs_mem = durable;
-        }
     }
+    println!();
+    let spreads: Vec<String> = spreads
+        .iter()
+        .map(|(clients, (lo, hi))| format!("{lo:.2}–{hi:.2} at {clients}"))
+        .collect();
+    println!(
+        "The executor and the loop persisting to a MemStore took turns: {TURNS} rounds of {} ms each, summed per side. The executor / loop ratio per round: {}.",
+        (plan.cell / TURNS).as_millis(),
+        spreads.join(", ")
+    );
+}
+
+/// Rounds in which the two sides of `mem_vs_loop` take turns.
+const TURNS: u32 = 10;
+
+/// Rounds in which the two sides of `wal1024_vs_mem` take turns: fewer and longer than
+/// [`TURNS`], since at 1,024 clients a procedure on the durable WAL takes tens of ms
+/// and each slice waits for its last one.
+const DURABLE_TURNS: u32 = 4;
+
+/// `wal1024_vs_mem`: the executor at 1,024 clients on a durable `WalStore` and on a
+/// `MemStore`, taking turns ([`drive::alternate`]): `DURABLE_TURNS` rounds of half a
+/// cell each.
+fn durability_cost(plan: &Plan, runtime: &Runtime, base: &Path, summary: &mut Summary) {
+    const CLIENTS: u64 = 1024;
+    let dir = base.join("durability");
+    let wal = Arc::new(WalStore::open(&dir, WalConfig::default()).expect("open WAL"));
+    let turns = runtime.block_on(async {
+        let wal_executor = start_executor(wal.clone()).await;
+        let mem_executor = start_executor(Arc::new(MemStore::new())).await;
+        let turns = drive::alternate(
+            DURABLE_TURNS,
+            plan.cell / 2,
+            |slice| run_procedures(&wal_executor, CLIENTS, slice),
+            |slice| run_procedures(&mem_executor, CLIENTS, slice),
+        )
+        .await;
+        wal_executor.shutdown().await.expect("shutdown");
+        mem_executor.shutdown().await.expect("shutdown");
+        turns
+    });
+    let (durable, memory) = (turns.a.steps_per_sec(), turns.b.steps_per_sec());
+    let (lo, hi) = turns.spread();
+    println!();
+    println!(
+        "## (4b) the cost of durability: the executor at {CLIENTS} clients on a durable WalStore vs on a MemStore, taking turns"
+    );
+    println!();
+    println!("| executor on | steps/s | ratio |");
+    println!("| --- | ---: | ---: |");
+    println!("| MemStore | {memory:.0} | 1.00 |");
+    println!(
+        "| WalStore, durable | {durable:.0} | {:.2} |",
+        durable / memory
+    );
+    println!();
+    println!(
+        "{DURABLE_TURNS} rounds of {} ms each, summed per side; per round the ratio ranged from {lo:.2} to {hi:.2}.",
+        (plan.cell / 2).as_millis()
+    );
+    summary.wal1024_vs_mem = Some(durable / memory);
+}
+
+/// The executor on a `MemStore` and the same handlers driven by hand persisting to
+/// another `MemStore`, taking turns ([`drive::alternate`]) for `cell` in all.
+async fn executor_against_hand_store(clients: u64, cell: Duration) -> drive::Alternated {
+    let store: Arc<dyn Store> = Arc::new(MemStore::new());
+    let executor = start_executor(store).await;
+    let hand_store: Arc<dyn Store> = Arc::new(MemStore::new());
+    let turns = drive::alternate(
+        TURNS,
+        cell / TURNS,
+        |slice| run_procedures(&executor, clients, slice),
+        |slice| hand_store::closed_loop_on_store(Arc::clone(&hand_store), clients, slice),
+    )
+    .await;
+    executor.shutdown().await.expect("shutdown");
+    turns
 }
 
 /// The same handlers driven by a loop in `clients` tokio tasks, persisting nothing. With

@@ -19,9 +19,70 @@ pub struct Rate {
 }
 
 impl Rate {
+    pub const ZERO: Rate = Rate {
+        steps: 0,
+        procedures: 0,
+        elapsed: Duration::ZERO,
+    };
+
     pub fn steps_per_sec(&self) -> f64 {
         self.steps as f64 / self.elapsed.as_secs_f64()
     }
+}
+
+impl std::ops::AddAssign for Rate {
+    fn add_assign(&mut self, other: Rate) {
+        self.steps += other.steps;
+        self.procedures += other.procedures;
+        self.elapsed += other.elapsed;
+    }
+}
+
+/// Two sides of a ratio measured in turns: each side's rate summed over the rounds, and
+/// each round's pair.
+pub struct Alternated {
+    pub a: Rate,
+    pub b: Rate,
+    pub rounds: Vec<(Rate, Rate)>,
+}
+
+impl Alternated {
+    /// The lowest and highest per-round ratio of `a` over `b`.
+    pub fn spread(&self) -> (f64, f64) {
+        let ratios = self
+            .rounds
+            .iter()
+            .map(|(a, b)| a.steps_per_sec() / b.steps_per_sec());
+        ratios.fold((f64::INFINITY, 0.0), |(lo, hi), r| (lo.min(r), hi.max(r)))
+    }
+}
+
+/// Runs `rounds` rounds of `a` for `slice`, then `b` for `slice`.
+///
+/// Why: this VM's speed drifts from one second to the next (docs/BENCHMARKS.md), so two
+/// cells measured seconds apart compare two different machines. Taking turns puts the
+/// same drift into both sides of a ratio. A side whose procedures take long to end
+/// should get slices long against that time: each slice ends with its last procedure.
+pub async fn alternate<A, FA, B, FB>(rounds: u32, slice: Duration, mut a: A, mut b: B) -> Alternated
+where
+    A: FnMut(Duration) -> FA,
+    FA: Future<Output = Rate>,
+    B: FnMut(Duration) -> FB,
+    FB: Future<Output = Rate>,
+{
+    let mut total = Alternated {
+        a: Rate::ZERO,
+        b: Rate::ZERO,
+        rounds: Vec::new(),
+    };
+    for _ in 0..rounds {
+        let first = a(slice).await;
+        let second = b(slice).await;
+        total.a += first;
+        total.b += second;
+        total.rounds.push((first, second));
+    }
+    total
 }
 
 /// Runs `clients` tasks; each starts procedures one after the other (`run(client, n)`

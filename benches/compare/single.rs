@@ -7,7 +7,7 @@
 //! from 0.64 to 0.95 between runs of the same code. Alternating every `slice` puts the
 //! same drift into both sides of the ratio.
 
-use crate::drive::{Rate, run_procedures, start_executor};
+use crate::drive::{Rate, alternate, run_procedures, start_executor};
 use crate::raw::RawLog;
 use procflow_store::{Store, WalConfig, WalStore};
 use std::path::Path;
@@ -58,30 +58,29 @@ pub fn run(
     let dyn_store: Arc<dyn Store> = store.clone();
     runtime.block_on(async {
         let executor = start_executor(dyn_store).await;
+        let before = store.stats();
+        let raw_side = |slice| {
+            let (writes, elapsed) = raw_log.run(slice);
+            std::future::ready(Rate {
+                steps: writes,
+                procedures: writes,
+                elapsed,
+            })
+        };
+        let procflow_side = |slice| run_procedures(&executor, 1, slice);
+        let turns = alternate(rounds, slice, raw_side, procflow_side).await;
         let mut total = Interleaved {
             slice,
-            raw: (0, Duration::ZERO),
-            procflow: Rate {
-                steps: 0,
-                procedures: 0,
-                elapsed: Duration::ZERO,
-            },
+            raw: (turns.a.steps, turns.a.elapsed),
+            procflow: turns.b,
             commits: 0,
             syncs: 0,
-            rounds: Vec::new(),
-        };
-        let before = store.stats();
-        for _ in 0..rounds {
-            let (writes, raw_time) = raw_log.run(slice);
-            let rate = run_procedures(&executor, 1, slice).await;
-            total
+            rounds: turns
                 .rounds
-                .push(rate.steps_per_sec() / (writes as f64 / raw_time.as_secs_f64()));
-            total.raw = (total.raw.0 + writes, total.raw.1 + raw_time);
-            total.procflow.steps += rate.steps;
-            total.procflow.procedures += rate.procedures;
-            total.procflow.elapsed += rate.elapsed;
-        }
+                .iter()
+                .map(|(raw, procflow)| procflow.steps_per_sec() / raw.steps_per_sec())
+                .collect(),
+        };
         let after = store.stats();
         total.commits = after.commits - before.commits;
         total.syncs = after.group_syncs - before.group_syncs;
