@@ -35,11 +35,9 @@ pub(crate) fn records_locks(value: &[u8]) -> bool {
 
 thread_local! {
     /// The buffer each thread encodes records in; the record is then copied out at its
-    /// exact size. Why: a store keeps a value as `Bytes`, and `Bytes::from` a vector with
-    /// spare capacity allocates a shared header, once per write. With the WAL that
-    /// header is allocated on the committer thread and freed by a worker, which waits for
-    /// the lock of the committer thread's allocator arena. A buffer grown per record also
-    /// reallocates: a copy costs less than either.
+    /// exact size. Why: a store keeps a value as `Bytes`, which needs an extra header
+    /// for a vector with spare capacity (`WalStore::commit` says what that costs), and a
+    /// buffer grown per record reallocates: one copy costs less than either.
     static SCRATCH: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
