@@ -13,8 +13,8 @@ use proptest::prelude::*;
 const SEGMENT_HEADER_LEN: usize = 32;
 const FIRST_SEGMENT: &str = "segment-0000000000000001.wal";
 
-/// A small one-segment log: its bytes, the file length after each commit (element `k`
-/// is the length after `k` batches) and the state after each commit.
+/// A small one-segment log: its bytes, where its records ended after each commit
+/// (element `k` after `k` batches) and the state after each commit.
 struct SmallLog {
     bytes: Vec<u8>,
     lengths: Vec<usize>,
@@ -25,14 +25,23 @@ async fn small_log(env: &Env, batches: &[Batch]) -> SmallLog {
     let dir = env.fresh_dir();
     let store = env.open_at(&dir, WalConfig::default()).unwrap();
     let path = dir.join(FIRST_SEGMENT);
-    let mut lengths = vec![env.read(&path).len()];
+    // The records' end, not the file's length: the file is allocated ahead of them.
+    let records_end = |store: &procflow_store::WalStore| store.stats().disk_bytes as usize;
+    let mut lengths = vec![records_end(&store)];
     for batch in batches {
         store.commit(batch.clone()).await.unwrap();
-        lengths.push(env.read(&path).len());
+        lengths.push(records_end(&store));
     }
     store.close().await.unwrap();
+    let bytes = env.read(&path);
+    let what = env.name;
+    assert_eq!(
+        bytes.len(),
+        lengths[batches.len()],
+        "{what}: closed at its records' end"
+    );
     SmallLog {
-        bytes: env.read(&path),
+        bytes,
         lengths,
         states: prefix_states(batches).await,
     }

@@ -203,8 +203,9 @@ async fn a_failed_fsync_is_reported_to_the_committer() {
     let opened = counting.operations();
 
     let sim = SimBackend::new();
-    // Operation opened+1 is the append, opened+2 its sync.
-    let faulty = FaultBackend::new(Arc::new(sim.clone()), opened + 2);
+    // Operation opened+1 allocates the segment's space ahead, opened+2 is the append,
+    // opened+3 its sync.
+    let faulty = FaultBackend::new(Arc::new(sim.clone()), opened + 3);
     let store = WalStore::open_with_backend(dir, config(), Arc::new(faulty)).unwrap();
     let err = store
         .commit(Batch::new().put(1, None, vec![1]))

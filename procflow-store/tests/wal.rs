@@ -424,9 +424,9 @@ async fn p13_lone_commit_gets_an_error_not_a_panic_when_its_group_fails() {
         probe.operations()
     };
     let sim = SimBackend::new();
-    // X costs an append and a sync; A then rolls the full segment, whose first step, a
-    // sync of the old segment, fails.
-    let fault = FaultBackend::new(Arc::new(sim.clone()), opened + 3);
+    // X costs the allocation of its segment's space, an append and a sync; A then rolls
+    // the full segment, whose first step, a sync of the old segment, fails.
+    let fault = FaultBackend::new(Arc::new(sim.clone()), opened + 4);
     let backend: Arc<dyn IoBackend> = Arc::new(fault);
     let store = WalStore::open_with_backend(dir, config, backend).unwrap();
     // X's sync is slow, so A and B queue behind it and form the next group.
@@ -578,5 +578,104 @@ async fn read_only_sees_an_open_store_and_changes_nothing() {
         assert_eq!(env.read(&last).len(), bytes.len() - 7, "{}", env.name);
         let store = env.open_at(&dir, small_segments(&env, 4096)).unwrap();
         assert_eq!(seen, store.load().await.unwrap(), "{}", env.name);
+    }
+}
+
+/// Where a segment file's records end: after its 32-byte header, records of a 32-byte
+/// header (payload length at offset 4) and their payload, up to the first byte that
+/// starts no record (zeros allocated ahead) or the end of the file.
+fn records_end(bytes: &[u8]) -> usize {
+    let mut offset = 32;
+    while offset + 32 <= bytes.len() && bytes[offset] != 0 {
+        let len = u32::from_le_bytes(bytes[offset + 4..offset + 8].try_into().unwrap());
+        offset += 32 + len as usize;
+    }
+    offset
+}
+
+/// With durable commits the active segment's space is allocated ahead of its records
+/// (`LogFile::reserve`, 4 MiB at a time): the file is longer than its records, zeros
+/// past them. Dropped without a close (as by a crash) the zeros stay, and the store
+/// reopens with every record and appends right after the last one; closed, its segment
+/// ends at its last record.
+#[tokio::test]
+async fn the_active_segment_is_allocated_ahead_and_cut_at_close() {
+    for env in Env::all() {
+        let what = env.name;
+        let batches = workload(12, 40);
+        let expected = prefix_states(&batches).await;
+        let config = WalConfig::default();
+        let store = env.open(config.clone()).unwrap();
+        for batch in &batches[..6] {
+            store.commit(batch.clone()).await.unwrap();
+        }
+        let segment = env.segments()[0].clone();
+        let bytes = env.read(&segment);
+        assert_eq!(bytes.len(), 4 << 20, "{what}: allocated ahead");
+        let end = records_end(&bytes);
+        assert_eq!(end as u64, store.stats().disk_bytes, "{what}");
+        assert!(bytes[end..].iter().all(|&b| b == 0), "{what}: zeros past");
+        drop(store);
+        assert_eq!(
+            env.read(&segment).len(),
+            4 << 20,
+            "{what}: not cut by a drop"
+        );
+
+        let store = env.open(config.clone()).unwrap();
+        assert_eq!(store.load().await.unwrap(), expected[6], "{what}");
+        for batch in &batches[6..] {
+            store.commit(batch.clone()).await.unwrap();
+        }
+        let bytes = env.read(&segment);
+        assert_eq!(
+            records_end(&bytes) as u64,
+            store.stats().disk_bytes,
+            "{what}"
+        );
+        store.close().await.unwrap();
+        let bytes = env.read(&segment);
+        assert_eq!(bytes.len(), records_end(&bytes), "{what}: cut at close");
+        drop(store);
+        let store = env.open(config).unwrap();
+        assert_eq!(store.load().await.unwrap(), expected[12], "{what}");
+    }
+}
+
+/// A segment is cut at its last record before the next one starts: recovery reads
+/// anything after the records of a closed segment, zeros too, as corruption.
+#[tokio::test]
+async fn a_rolled_segment_ends_at_its_last_record() {
+    for env in Env::all() {
+        let what = env.name;
+        // Segments of several filesystem blocks, so that there is space to allocate.
+        let config = WalConfig {
+            segment_size: 16 << 10,
+            ..WalConfig::default()
+        };
+        let store = env.open(config.clone()).unwrap();
+        for id in 0..30 {
+            store
+                .commit(Batch::new().put(id, None, vec![id as u8; 2000]))
+                .await
+                .unwrap();
+        }
+        let segments = env.segments();
+        assert!(segments.len() >= 3, "{what}: {segments:?}");
+        let (active, closed) = segments.split_last().unwrap();
+        for segment in closed {
+            let bytes = env.read(segment);
+            assert_eq!(bytes.len(), records_end(&bytes), "{what}: {segment:?}");
+        }
+        let bytes = env.read(active);
+        assert_eq!(
+            bytes.len(),
+            16 << 10,
+            "{what}: allocated up to the segment size"
+        );
+        assert!(records_end(&bytes) < 16 << 10, "{what}");
+        drop(store);
+        let store = env.open(config).unwrap();
+        assert_eq!(store.load().await.unwrap().records.len(), 30, "{what}");
     }
 }

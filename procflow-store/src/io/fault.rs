@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::{DirLock, IoBackend, LogFile};
 
 /// An [`IoBackend`] wrapper whose `n`th write or sync (counting appends, truncations,
-/// file syncs and directory syncs together, from 1) fails; all other operations pass
+/// reservations, file syncs and directory syncs together, from 1) fails; all other operations pass
 /// through to the inner backend. A failing append first writes half of its buffer, like a
 /// short write on a full disk; a failing sync does nothing.
 ///
@@ -87,6 +87,13 @@ impl LogFile for FaultFile {
             return Err(injected());
         }
         self.inner.truncate(len)
+    }
+
+    fn reserve(&self, len: u64) -> io::Result<()> {
+        if self.counter.tick() {
+            return Err(injected());
+        }
+        self.inner.reserve(len)
     }
 }
 

@@ -1,9 +1,9 @@
 //! [`FsBackend`]: the real file system.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{DirLock, IoBackend, LogFile};
 
@@ -80,13 +80,12 @@ impl IoBackend for FsBackend {
     }
 
     fn create_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
-        let file = options().append(true).create_new(true).open(path)?;
-        Ok(Arc::new(FsFile(file)))
+        let file = options().write(true).create_new(true).open(path)?;
+        FsFile::shared(file)
     }
 
     fn open_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
-        let file = OpenOptions::new().append(true).open(path)?;
-        Ok(Arc::new(FsFile(file)))
+        FsFile::shared(OpenOptions::new().write(true).open(path)?)
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
@@ -102,18 +101,58 @@ impl IoBackend for FsBackend {
     }
 }
 
-struct FsFile(File);
+/// A file written at its end, which it tracks itself: not opened for appending
+/// (`O_APPEND`), which writes at the file's length and so past reserved space.
+struct FsFile {
+    file: File,
+    /// Where the next append goes. Appends come one at a time from the store's writer;
+    /// the lock only makes sharing the file with the syncer safe.
+    end: Mutex<u64>,
+}
+
+impl FsFile {
+    fn shared(file: File) -> io::Result<Arc<dyn LogFile>> {
+        let end = Mutex::new(file.metadata()?.len());
+        Ok(Arc::new(FsFile { file, end }))
+    }
+
+    fn end(&self) -> MutexGuard<'_, u64> {
+        self.end.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 impl LogFile for FsFile {
     fn append(&self, buf: &[u8]) -> io::Result<()> {
-        (&self.0).write_all(buf)
+        let mut end = self.end();
+        write_all_at(&self.file, buf, *end)?;
+        *end += buf.len() as u64;
+        Ok(())
     }
 
     fn sync_data(&self) -> io::Result<()> {
-        self.0.sync_data()
+        self.file.sync_data()
     }
 
     fn truncate(&self, len: u64) -> io::Result<()> {
-        self.0.set_len(len)
+        let mut end = self.end();
+        self.file.set_len(len)?;
+        *end = len;
+        Ok(())
     }
+
+    fn reserve(&self, len: u64) -> io::Result<()> {
+        fs4::FileExt::allocate(&self.file, len)
+    }
+}
+
+#[cfg(unix)]
+fn write_all_at(file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
+    std::os::unix::fs::FileExt::write_all_at(file, buf, offset)
+}
+
+#[cfg(not(unix))]
+fn write_all_at(mut file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
+    use std::io::{Seek, SeekFrom, Write};
+    file.seek(SeekFrom::Start(offset))?;
+    file.write_all(buf)
 }

@@ -259,19 +259,38 @@ impl Drop for SimLock {
 struct SimFile {
     fs: Arc<Mutex<SimFs>>,
     inode: usize,
+    /// Where the next append goes (the file's length when opened); space reserved past
+    /// it holds zeros, in the live image and, once synced, in the durable one.
+    end: Mutex<usize>,
 }
 
 impl SimFile {
+    fn shared(fs: Arc<Mutex<SimFs>>, inode: usize, end: usize) -> Arc<dyn LogFile> {
+        let end = Mutex::new(end);
+        Arc::new(SimFile { fs, inode, end })
+    }
+
     fn lock(&self) -> MutexGuard<'_, SimFs> {
         self.fs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn end(&self) -> MutexGuard<'_, usize> {
+        self.end.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 impl LogFile for SimFile {
     fn append(&self, buf: &[u8]) -> io::Result<()> {
+        let mut end = self.end();
         let mut fs = self.lock();
         fs.check()?;
-        fs.inodes[self.inode].live.extend_from_slice(buf);
+        let live = &mut fs.inodes[self.inode].live;
+        let stop = *end + buf.len();
+        if live.len() < stop {
+            live.resize(stop, 0);
+        }
+        live[*end..stop].copy_from_slice(buf);
+        *end = stop;
         Ok(())
     }
 
@@ -291,10 +310,24 @@ impl LogFile for SimFile {
     }
 
     fn truncate(&self, len: u64) -> io::Result<()> {
+        // The end before the file system, as `append` takes them.
+        let mut end = self.end();
         let mut fs = self.lock();
         fs.check()?;
         let len = usize::try_from(len).map_err(io::Error::other)?;
         fs.inodes[self.inode].live.resize(len, 0);
+        *end = len;
+        Ok(())
+    }
+
+    fn reserve(&self, len: u64) -> io::Result<()> {
+        let mut fs = self.lock();
+        fs.check()?;
+        let len = usize::try_from(len).map_err(io::Error::other)?;
+        let live = &mut fs.inodes[self.inode].live;
+        if live.len() < len {
+            live.resize(len, 0);
+        }
         Ok(())
     }
 }
@@ -363,20 +396,18 @@ impl IoBackend for SimBackend {
         fs.inodes.push(Inode::default());
         let inode = fs.inodes.len() - 1;
         fs.live.insert(path.to_path_buf(), inode);
-        Ok(Arc::new(SimFile {
-            fs: self.fs.clone(),
-            inode,
-        }))
+        Ok(SimFile::shared(self.fs.clone(), inode, 0))
     }
 
     fn open_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
         let fs = self.lock();
         fs.check()?;
         let inode = *fs.live.get(path).ok_or_else(|| not_found(path))?;
-        Ok(Arc::new(SimFile {
-            fs: self.fs.clone(),
+        Ok(SimFile::shared(
+            self.fs.clone(),
             inode,
-        }))
+            fs.inodes[inode].live.len(),
+        ))
     }
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {

@@ -402,7 +402,9 @@ fn finish(
         let result = if inner.is_poisoned() {
             Err(StoreError::Poisoned)
         } else {
-            Ok(())
+            // A closed store's files end at their last record.
+            let closed = inner.lock_log().writer.close_active();
+            closed.map_err(|e| inner.poison(e))
         };
         drop(inner.lock_log().lock.take());
         inner.queue.stop();

@@ -47,6 +47,11 @@ use std::collections::BTreeMap;
 ///   queued, is written and synced by its caller instead, which blocks the caller's
 ///   thread for that time but saves two hand-offs between threads
 ///   ([`WalConfig::inline_lone_commit`]; never on a current-thread runtime).
+/// * **Space allocated ahead**: with [`SyncMode::Durable`], the active segment's file is
+///   allocated ahead of its records ([`LogFile::reserve`](crate::io::LogFile::reserve)),
+///   so an `fdatasync` writes the data without a new file length for the filesystem's
+///   journal. The zeros past the last record are cut off at a roll, at close, and by
+///   recovery after a crash.
 /// * **Compaction**: segments roll at [`WalConfig::segment_size`]; live entries left in
 ///   old segments are rewritten forward so old segments can be deleted, keeping disk use
 ///   within about twice the live data plus one segment.
@@ -102,7 +107,9 @@ pub struct WalStats {
     pub group_syncs: u64,
     /// Segment files in the log.
     pub segments: usize,
-    /// Bytes in all segment files.
+    /// Bytes of all segment files' headers and records. The active segment's file may
+    /// be longer: its space is allocated ahead of its records (zeros), at most up to
+    /// the segment size.
     pub disk_bytes: u64,
     /// Estimated bytes of live data (records and metadata, with per-entry overhead).
     pub live_bytes: u64,

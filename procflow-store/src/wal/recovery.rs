@@ -133,7 +133,14 @@ pub(crate) fn scan_segment(
                 // The last group went to disk in one write whose pages the disk may
                 // have persisted in any order: damage with only records of that group
                 // after it is a torn write. A later group start proves a sync covered it.
-                if let Some(next) = find_group_start(bytes, offset + 1, all_start_groups) {
+                // Zeros to the end are space the writer allocated ahead of its records
+                // (`LogFile::reserve`): nothing follows, and checking every byte of it
+                // for a record would take a while.
+                let unused = bytes[offset..].iter().all(|&b| b == 0);
+                if let Some(next) = (!unused)
+                    .then(|| find_group_start(bytes, offset + 1, all_start_groups))
+                    .flatten()
+                {
                     return Err(corrupt(
                         offset,
                         format!(

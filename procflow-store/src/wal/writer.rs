@@ -11,6 +11,13 @@
 //! group can come back with holes. The first record appended after a completed sync is
 //! marked as a group start ([`FLAG_GROUP_START`](super::record::FLAG_GROUP_START)):
 //! recovery treats damage as a torn tail only if no group start follows it.
+//!
+//! With durable commits the active segment's space is allocated ahead of its records
+//! ([`LogFile::reserve`], [`RESERVE_STEP`] at a time), so a group's `fdatasync` writes
+//! its data without a change of the file's length for the filesystem's journal to
+//! commit. The zeros past the last record are cut off when the segment is closed (at a
+//! roll, and when the store closes) or, after a crash, by recovery, which reads them as
+//! the log's end.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,6 +26,11 @@ use super::record;
 use super::segment::{self, SEGMENT_HEADER_LEN};
 use crate::error::StoreError;
 use crate::io::{IoBackend, LogFile};
+
+/// How much of the active segment's space is allocated at a time, ahead of its records
+/// (at most up to the segment size). Each step costs one `fdatasync` that commits the
+/// new length; a reopened store reads at most this many zeros past the last record.
+pub(crate) const RESERVE_STEP: u64 = 4 << 20;
 
 /// A segment file that is part of the log.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,6 +55,8 @@ pub(crate) struct Writer {
     buffer: Vec<u8>,
     /// Bytes were appended to the active segment's file since its last sync.
     unsynced: bool,
+    /// The active segment's file is allocated up to here (at least its records' end).
+    reserved: u64,
     next_seq: u64,
 }
 
@@ -57,6 +71,8 @@ impl Writer {
         next_seq: u64,
     ) -> Self {
         debug_assert!(!segments.is_empty());
+        // Recovery cut the active segment at its last record.
+        let reserved = segments[segments.len() - 1].len;
         Writer {
             backend,
             dir: dir.to_path_buf(),
@@ -67,6 +83,7 @@ impl Writer {
             buffer: Vec::new(),
             // Recovery synced the active segment.
             unsynced: false,
+            reserved,
             next_seq,
         }
     }
@@ -123,6 +140,7 @@ impl Writer {
         if self.buffer.is_empty() {
             return Ok(());
         }
+        self.reserve_for(self.active_info().len);
         self.active
             .append(&self.buffer)
             .map_err(|e| StoreError::io("appending a record", self.active_path(), e))?;
@@ -137,9 +155,45 @@ impl Writer {
         self.unsynced = false;
     }
 
-    /// Syncs the active segment, then starts the next one.
-    fn roll(&mut self) -> Result<(), StoreError> {
+    /// Allocates the active segment's space past `end`, its records' end, if it is not
+    /// yet: up to the next multiple of [`RESERVE_STEP`], within the segment size.
+    fn reserve_for(&mut self, end: u64) {
+        if !self.sync || end <= self.reserved {
+            return;
+        }
+        let reserved = end
+            .next_multiple_of(RESERVE_STEP)
+            .min(self.segment_size)
+            .max(end);
+        // A hint: where the space is not allocated, appends grow the file as they would
+        // have without it, and what was allocated is zeros that recovery reads as the
+        // end. Not asked again for this step either way.
+        let _ = self.active.reserve(reserved);
+        self.reserved = reserved;
+    }
+
+    /// Makes the active segment durable and ending at its last record, as a segment
+    /// must before it is closed (at a roll: recovery reads damage, zeros included, in a
+    /// closed segment as corruption) or left (when the store closes).
+    pub(crate) fn close_active(&mut self) -> Result<(), StoreError> {
         self.sync_active()?;
+        let end = self.active_info().len;
+        if self.reserved <= end {
+            return Ok(());
+        }
+        self.active
+            .truncate(end)
+            .and_then(|()| self.active.sync_data())
+            .map_err(|e| {
+                StoreError::io("cutting a segment's reserved space", self.active_path(), e)
+            })?;
+        self.reserved = end;
+        Ok(())
+    }
+
+    /// Closes the active segment, then starts the next one.
+    fn roll(&mut self) -> Result<(), StoreError> {
+        self.close_active()?;
         let number = self.active_info().number + 1;
         // `next_seq` is still the sequence number of the record that caused the roll.
         self.active = segment::create(
@@ -151,6 +205,7 @@ impl Writer {
         )?;
         // `create` synced the header (or, without sync, nothing is ever a group start).
         self.unsynced = false;
+        self.reserved = SEGMENT_HEADER_LEN as u64;
         self.segments.push(SegmentInfo {
             number,
             len: SEGMENT_HEADER_LEN as u64,
