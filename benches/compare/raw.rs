@@ -3,6 +3,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -13,34 +14,66 @@ pub fn write_fdatasync_loop(dir: &Path, size: usize, duration: Duration) -> f64 
     writes as f64 / elapsed.as_secs_f64()
 }
 
+/// How far ahead a preallocated raw log allocates its space: as the WAL does
+/// (`RESERVE_STEP` in `procflow-store/src/wal/writer.rs`).
+const RESERVE_STEP: u64 = 4 << 20;
+
 /// A file the raw loop appends to, removed on drop; it can run in several slices (see
 /// `single.rs`), each continuing the same file as one long loop would.
 pub struct RawLog {
     path: PathBuf,
     file: File,
     record: Vec<u8>,
+    /// Where the next record goes.
+    end: u64,
+    /// Allocated ahead up to here (`fallocate`), if the log preallocates.
+    reserved: Option<u64>,
 }
 
 impl RawLog {
-    /// A new, empty file in `dir` for `size`-byte records.
+    /// A new, empty file in `dir` for `size`-byte records, which grows with each write.
     pub fn create(dir: &Path, size: usize) -> Self {
-        let path = dir.join(format!("raw-{size}.log"));
+        Self::open(dir.join(format!("raw-{size}.log")), size, None)
+    }
+
+    /// A new file in `dir` for `size`-byte records whose space is allocated ahead of
+    /// them, as the WAL's segments are: each `fdatasync` then writes the data without
+    /// a new length for the filesystem's journal.
+    pub fn preallocated(dir: &Path, size: usize) -> Self {
+        Self::open(
+            dir.join(format!("raw-{size}-preallocated.log")),
+            size,
+            Some(0),
+        )
+    }
+
+    fn open(path: PathBuf, size: usize, reserved: Option<u64>) -> Self {
         let file = open_empty(&path);
         RawLog {
             path,
             file,
             record: vec![0xA5; size],
+            end: 0,
+            reserved,
         }
     }
 
-    /// Appends records, each followed by `fdatasync`, for `duration`; returns how many
-    /// and the time they took.
+    /// Writes records at the end, each followed by `fdatasync`, for `duration`; returns
+    /// how many and the time they took.
     pub fn run(&mut self, duration: Duration) -> (u64, Duration) {
         let start = Instant::now();
         let mut writes = 0u64;
         while start.elapsed() < duration {
-            self.file.write_all(&self.record).expect("write");
+            let end = self.end + self.record.len() as u64;
+            if let Some(reserved) = self.reserved.as_mut().filter(|r| **r < end) {
+                *reserved = end.next_multiple_of(RESERVE_STEP);
+                fs4::FileExt::allocate(&self.file, *reserved).expect("fallocate");
+            }
+            self.file
+                .write_all_at(&self.record, self.end)
+                .expect("write");
             self.file.sync_data().expect("fdatasync");
+            self.end = end;
             writes += 1;
         }
         (writes, start.elapsed())

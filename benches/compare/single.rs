@@ -22,6 +22,9 @@ pub struct Interleaved {
     pub slice: Duration,
     /// Raw write+fdatasync: writes, and the time they took.
     pub raw: (u64, Duration),
+    /// The same into space allocated ahead, as the WAL writes (run right after `raw`,
+    /// in the same turn).
+    pub raw_preallocated: (u64, Duration),
     /// One procedure at a time on a durable `WalStore`.
     pub procflow: Rate,
     /// The store's commits and fsyncs during the procflow slices.
@@ -40,10 +43,21 @@ impl Interleaved {
     pub fn ratio(&self) -> f64 {
         self.procflow.steps_per_sec() / self.raw_per_sec()
     }
+
+    pub fn raw_preallocated_per_sec(&self) -> f64 {
+        self.raw_preallocated.0 as f64 / self.raw_preallocated.1.as_secs_f64()
+    }
+
+    /// Steps/s over the writes/s of the raw loop into preallocated space: what the
+    /// executor and the WAL cost over the disk, with the WAL's preallocation taken out.
+    pub fn ratio_to_preallocated(&self) -> f64 {
+        self.procflow.steps_per_sec() / self.raw_preallocated_per_sec()
+    }
 }
 
-/// Runs `rounds` rounds of `slice` of the raw loop (`record`-byte writes) then `slice` of
-/// one procedure at a time, in `base/single`.
+/// Runs `rounds` rounds of `slice` of the raw loop (`record`-byte writes), `slice` of
+/// the raw loop into preallocated space, then `slice` of one procedure at a time, in
+/// `base/single`.
 pub fn run(
     runtime: &Runtime,
     base: &Path,
@@ -54,6 +68,8 @@ pub fn run(
     let dir = base.join("single");
     std::fs::create_dir_all(&dir).expect("create the workload 1 directory");
     let mut raw_log = RawLog::create(&dir, record);
+    let mut preallocated_log = RawLog::preallocated(&dir, record);
+    let mut preallocated = (0, Duration::ZERO);
     let store = Arc::new(WalStore::open(dir.join("wal"), WalConfig::default()).expect("open WAL"));
     let dyn_store: Arc<dyn Store> = store.clone();
     runtime.block_on(async {
@@ -61,6 +77,9 @@ pub fn run(
         let before = store.stats();
         let raw_side = |slice| {
             let (writes, elapsed) = raw_log.run(slice);
+            let (more, took) = preallocated_log.run(slice);
+            preallocated.0 += more;
+            preallocated.1 += took;
             std::future::ready(Rate {
                 steps: writes,
                 procedures: writes,
@@ -72,6 +91,7 @@ pub fn run(
         let mut total = Interleaved {
             slice,
             raw: (turns.a.steps, turns.a.elapsed),
+            raw_preallocated: preallocated,
             procflow: turns.b,
             commits: 0,
             syncs: 0,
