@@ -38,7 +38,7 @@ impl RawLog {
 
     /// A new file in `dir` for `size`-byte records whose space is allocated ahead of
     /// them, as the WAL's segments are: each `fdatasync` then writes the data without
-    /// a new length for the filesystem's journal.
+    /// a new file length as well.
     pub fn preallocated(dir: &Path, size: usize) -> Self {
         Self::open(
             dir.join(format!("raw-{size}-preallocated.log")),

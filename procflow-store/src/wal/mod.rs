@@ -49,8 +49,8 @@ use std::collections::BTreeMap;
 ///   ([`WalConfig::inline_lone_commit`]; never on a current-thread runtime).
 /// * **Space allocated ahead**: with [`SyncMode::Durable`], the active segment's file is
 ///   allocated ahead of its records ([`LogFile::reserve`](crate::io::LogFile::reserve)),
-///   so an `fdatasync` writes the data without a new file length for the filesystem's
-///   journal. The zeros past the last record are cut off at a roll, at close, and by
+///   so an `fdatasync` writes the data without a new file length to write as well.
+///   The zeros past the last record are cut off at a roll, at close, and by
 ///   recovery after a crash.
 /// * **Compaction**: segments roll at [`WalConfig::segment_size`]; live entries left in
 ///   old segments are rewritten forward so old segments can be deleted, keeping disk use

@@ -14,8 +14,7 @@
 //!
 //! With durable commits the active segment's space is allocated ahead of its records
 //! ([`LogFile::reserve`], [`RESERVE_STEP`] at a time), so a group's `fdatasync` writes
-//! its data without a change of the file's length for the filesystem's journal to
-//! commit. The zeros past the last record are cut off when the segment is closed (at a
+//! its data without a new file length to write as well. The zeros past the last record are cut off when the segment is closed (at a
 //! roll, and when the store closes) or, after a crash, by recovery, which reads them as
 //! the log's end.
 
