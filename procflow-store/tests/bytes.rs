@@ -26,7 +26,10 @@ async fn small_log(env: &Env, batches: &[Batch]) -> SmallLog {
     let store = env.open_at(&dir, WalConfig::default()).unwrap();
     let path = dir.join(FIRST_SEGMENT);
     // The records' end, not the file's length: the file is allocated ahead of them.
-    let records_end = |store: &procflow_store::WalStore| store.stats().disk_bytes as usize;
+    let records_end = |store: &procflow_store::WalStore| {
+        let stats = store.stats();
+        (stats.disk_bytes - stats.ahead_bytes) as usize
+    };
     let mut lengths = vec![records_end(&store)];
     for batch in batches {
         store.commit(batch.clone()).await.unwrap();

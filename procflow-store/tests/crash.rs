@@ -226,6 +226,34 @@ async fn a_failed_fsync_is_reported_to_the_committer() {
         .unwrap();
 }
 
+/// Allocating a segment's space ahead is a hint: when it fails (a filesystem without
+/// `fallocate`, a full disk) the commit goes on, and the store stops asking.
+#[tokio::test]
+async fn a_failed_allocation_ahead_is_not_an_error() {
+    let dir = std::path::Path::new("/store");
+    let counting = FaultBackend::new(Arc::new(SimBackend::new()), u64::MAX);
+    drop(WalStore::open_with_backend(dir, config(), Arc::new(counting.clone())).unwrap());
+    let opened = counting.operations();
+
+    let sim = SimBackend::new();
+    // Operation opened+1 is the first commit's allocation of the segment's space.
+    let faulty = FaultBackend::new(Arc::new(sim.clone()), opened + 1);
+    let store = WalStore::open_with_backend(dir, config(), Arc::new(faulty.clone())).unwrap();
+    for id in 0..20 {
+        store
+            .commit(Batch::new().put(id, None, vec![1; 100]))
+            .await
+            .unwrap();
+    }
+    // Not asked again, also for the segments rolled to since.
+    let stats = store.stats();
+    assert!(stats.segments > 1, "{stats:?}");
+    assert_eq!(stats.ahead_bytes, 0, "{stats:?}");
+    drop(store);
+    let store = Env::on_sim(sim.crash_image()).open(config()).unwrap();
+    assert_eq!(store.load().await.unwrap().records.len(), 20);
+}
+
 /// Issue 12, point 15: creating the store directory makes its entry durable in its
 /// parent. Without that fsync a power loss takes the new directory, with every
 /// acknowledged commit in it, away.

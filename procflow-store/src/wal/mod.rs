@@ -107,10 +107,13 @@ pub struct WalStats {
     pub group_syncs: u64,
     /// Segment files in the log.
     pub segments: usize,
-    /// Bytes of all segment files' headers and records. The active segment's file may
-    /// be longer: its space is allocated ahead of its records (zeros), at most up to
-    /// the segment size.
+    /// Bytes in all segment files, the space allocated ahead of the active segment's
+    /// records included.
     pub disk_bytes: u64,
+    /// Of `disk_bytes`, the space allocated ahead of the active segment's records
+    /// (zeros; at most 4 MiB and up to the segment size): `disk_bytes - ahead_bytes`
+    /// is where the log's records end.
+    pub ahead_bytes: u64,
     /// Estimated bytes of live data (records and metadata, with per-entry overhead).
     pub live_bytes: u64,
 }
@@ -246,7 +249,9 @@ impl WalStore {
             commits: self.inner.commits.load(Ordering::Relaxed),
             group_syncs: self.inner.group_syncs.load(Ordering::Relaxed),
             segments: log.writer.segments().len(),
-            disk_bytes: log.writer.segments().iter().map(|s| s.len).sum(),
+            disk_bytes: log.writer.segments().iter().map(|s| s.len).sum::<u64>()
+                + log.writer.ahead(),
+            ahead_bytes: log.writer.ahead(),
             live_bytes: log.index.live_bytes(),
         }
     }

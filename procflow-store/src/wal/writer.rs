@@ -54,8 +54,12 @@ pub(crate) struct Writer {
     buffer: Vec<u8>,
     /// Bytes were appended to the active segment's file since its last sync.
     unsynced: bool,
-    /// The active segment's file is allocated up to here (at least its records' end).
+    /// The active segment's file may be allocated up to here (at least its records'
+    /// end): what was asked, since a failed allocation may have done part of it.
     reserved: u64,
+    /// Whether to allocate ahead: durable commits, and no allocation has failed (the
+    /// filesystem may not support it, or the disk be full; appends will tell).
+    preallocate: bool,
     next_seq: u64,
 }
 
@@ -83,6 +87,7 @@ impl Writer {
             // Recovery synced the active segment.
             unsynced: false,
             reserved,
+            preallocate: sync,
             next_seq,
         }
     }
@@ -157,7 +162,7 @@ impl Writer {
     /// Allocates the active segment's space past `end`, its records' end, if it is not
     /// yet: up to the next multiple of [`RESERVE_STEP`], within the segment size.
     fn reserve_for(&mut self, end: u64) {
-        if !self.sync || end <= self.reserved {
+        if !self.preallocate || end <= self.reserved {
             return;
         }
         let reserved = end
@@ -166,9 +171,16 @@ impl Writer {
             .max(end);
         // A hint: where the space is not allocated, appends grow the file as they would
         // have without it, and what was allocated is zeros that recovery reads as the
-        // end. Not asked again for this step either way.
-        let _ = self.active.reserve(reserved);
+        // end (and the roll cuts, as `reserved` says there may be some).
+        if self.active.reserve(reserved).is_err() {
+            self.preallocate = false;
+        }
         self.reserved = reserved;
+    }
+
+    /// The active segment's bytes allocated ahead of its records, as far as known.
+    pub(crate) fn ahead(&self) -> u64 {
+        self.reserved.saturating_sub(self.active_info().len)
     }
 
     /// Makes the active segment durable and ending at its last record, as a segment
