@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::{DirLock, IoBackend, LogFile};
 
 /// An [`IoBackend`] wrapper whose `n`th write or sync (counting appends, truncations,
-/// reservations, file syncs and directory syncs together, from 1) fails; all other operations pass
-/// through to the inner backend. A failing append first writes half of its buffer, like a
-/// short write on a full disk; a failing sync does nothing.
+/// reservations, file syncs and directory syncs together, from 1) fails; all other
+/// operations pass through to the inner backend. A failing append first writes half of
+/// its buffer, like a short write on a full disk; a failing sync or reservation does
+/// nothing.
 ///
 /// Run a workload once with `FaultBackend::new(inner, u64::MAX)` and read
 /// [`FaultBackend::operations`] to learn how many faults to inject.

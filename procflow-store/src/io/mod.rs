@@ -72,14 +72,15 @@ pub trait LogFile: Send + Sync {
     /// Cuts the file to `len` bytes; later appends go after it.
     fn truncate(&self, len: u64) -> io::Result<()>;
     /// Allocates the file's space up to `len` bytes, so that appends up to there need
-    /// no allocation and do not change the file's length. The file's length becomes
-    /// (at least) `len`; the bytes past its end read as zeros until appended over.
+    /// no allocation and do not change the file's length. The file may become up to
+    /// `len` bytes long; the bytes past its end read as zeros until appended over.
     ///
     /// Why: `fdatasync` after an append that grew the file must also write the file's
     /// new length (the inode; on a journaling filesystem, a journal commit); into
     /// allocated space it writes little more than the data. On this project's ext4 that
-    /// made a 258-byte append and `fdatasync` about a third faster (`docs/BENCHMARKS.md`). The WAL reads zeros past a segment's last
-    /// record as its end.
+    /// made a 258-byte append and `fdatasync` about a third faster
+    /// (`docs/BENCHMARKS.md`). The WAL reads zeros past a segment's last record as its
+    /// end.
     ///
     /// A hint: the default does nothing, and an error leaves the file as it was or
     /// partly allocated, which appends and recovery handle alike.

@@ -14,9 +14,9 @@
 //!
 //! With durable commits the active segment's space is allocated ahead of its records
 //! ([`LogFile::reserve`], [`RESERVE_STEP`] at a time), so a group's `fdatasync` writes
-//! its data without a new file length to write as well. The zeros past the last record are cut off when the segment is closed (at a
-//! roll, and when the store closes) or, after a crash, by recovery, which reads them as
-//! the log's end.
+//! its data without a new file length to write as well. The zeros past the last record
+//! are cut off when the segment is closed (at a roll, and when the store closes) or,
+//! after a crash, by recovery, which reads them as the log's end.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
