@@ -137,22 +137,42 @@ pub async fn until(executor: &Executor<Log>, id: ProcedureId, done: impl Fn(&Sta
 /// Three jobs: `alpha` suspended holding `tables/users`, `beta` stuck past its point of
 /// no return (its commit fails for good), `gamma` succeeded.
 pub async fn three_jobs(executor: &Executor<Log>, log: &Log) -> [ProcedureId; 3] {
-    let alpha = executor
-        .submit(Job::new("alpha").locking("tables/users"))
-        .await
-        .unwrap();
+    let alpha = bounded(
+        "submit alpha",
+        executor.submit(Job::new("alpha").locking("tables/users")),
+    )
+    .await;
     log.let_go("beta");
-    let beta = executor
-        .submit(Job::new("beta").failing_commit())
-        .await
-        .unwrap();
+    let beta = bounded(
+        "submit beta",
+        executor.submit(Job::new("beta").failing_commit()),
+    )
+    .await;
     log.let_go("gamma");
-    let gamma = executor.submit(Job::new("gamma")).await.unwrap();
+    let gamma = bounded("submit gamma", executor.submit(Job::new("gamma"))).await;
     until(executor, alpha, |s| matches!(s, Status::Suspended { .. })).await;
     until(executor, beta, |s| matches!(s, Status::Stuck { .. })).await;
-    let done = executor.wait(gamma).await.unwrap();
-    assert_eq!(done, procflow::executor::Outcome::Succeeded);
+    let done = bounded("wait for gamma", executor.wait(gamma)).await;
+    assert_eq!(
+        done,
+        procflow::executor::Outcome::Succeeded,
+        "{:?}",
+        executor.state(gamma)
+    );
     [alpha, beta, gamma]
+}
+
+/// The value of `answer`, which must come within 30 s: an answer that never comes fails
+/// the test, naming `what`, instead of hanging the run (seen once in CI in stop 26, in
+/// `three_jobs`, not reproduced since).
+async fn bounded<T, E: std::fmt::Debug>(
+    what: &str,
+    answer: impl std::future::Future<Output = Result<T, E>>,
+) -> T {
+    match tokio::time::timeout(Duration::from_secs(30), answer).await {
+        Ok(answer) => answer.unwrap_or_else(|e| panic!("{what}: {e:?}")),
+        Err(_) => panic!("{what}: no answer within 30 s"),
+    }
 }
 
 /// The executor's admin on a free loopback port, with `token` (empty: read-only).
