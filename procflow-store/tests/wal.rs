@@ -472,17 +472,29 @@ async fn several_closed_segments(env: &Env) -> Vec<std::path::PathBuf> {
     segments
 }
 
-/// The offset of the last record in a segment file (segment header: 32 bytes; record:
-/// 32-byte header with the payload length at offset 4, then the payload).
-fn last_record_offset(bytes: &[u8]) -> usize {
+/// The offsets at which a segment file's records start, and where they end (segment
+/// header: 32 bytes; record: 32-byte header with the payload length at offset 4, then
+/// the payload), up to the first byte that starts no record (zeros allocated ahead) or
+/// the end of the file.
+fn records(bytes: &[u8]) -> (Vec<usize>, usize) {
+    let mut starts = Vec::new();
     let mut offset = 32;
-    let mut last = offset;
-    while offset < bytes.len() {
-        last = offset;
+    while offset + 32 <= bytes.len() && bytes[offset] != 0 {
+        starts.push(offset);
         let len = u32::from_le_bytes(bytes[offset + 4..offset + 8].try_into().unwrap());
         offset += 32 + len as usize;
     }
-    last
+    (starts, offset)
+}
+
+/// The offset of the last record in a segment file.
+fn last_record_offset(bytes: &[u8]) -> usize {
+    records(bytes).0.last().copied().unwrap_or(32)
+}
+
+/// Where a segment file's records end.
+fn records_end(bytes: &[u8]) -> usize {
+    records(bytes).1
 }
 
 fn assert_corrupt_naming(err: StoreError, file: &std::path::Path, env: &Env) {
@@ -579,18 +591,6 @@ async fn read_only_sees_an_open_store_and_changes_nothing() {
         let store = env.open_at(&dir, small_segments(&env, 4096)).unwrap();
         assert_eq!(seen, store.load().await.unwrap(), "{}", env.name);
     }
-}
-
-/// Where a segment file's records end: after its 32-byte header, records of a 32-byte
-/// header (payload length at offset 4) and their payload, up to the first byte that
-/// starts no record (zeros allocated ahead) or the end of the file.
-fn records_end(bytes: &[u8]) -> usize {
-    let mut offset = 32;
-    while offset + 32 <= bytes.len() && bytes[offset] != 0 {
-        let len = u32::from_le_bytes(bytes[offset + 4..offset + 8].try_into().unwrap());
-        offset += 32 + len as usize;
-    }
-    offset
 }
 
 /// With durable commits the active segment's space is allocated ahead of its records
