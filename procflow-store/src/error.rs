@@ -80,9 +80,27 @@ pub enum StoreError {
     /// [`Op::Finish`](crate::Op::Finish) named a procedure the store does not hold.
     #[error("unknown procedure {0}")]
     UnknownProcedure(ProcId),
+    /// [`Op::CreateMeta`](crate::Op::CreateMeta) named a metadata key that exists.
+    #[error("metadata key `{key}` exists already (written create-only)")]
+    MetaExists {
+        /// The key.
+        key: String,
+    },
 }
 
 impl StoreError {
+    /// Whether the batch of a [`Store::commit`](crate::Store::commit) that failed with
+    /// this error may nevertheless have been applied, and be durable: its outcome is
+    /// unknown (an I/O error or timeout after the write left, a failed `fsync`, a poisoned
+    /// log). Every other error is a refusal: nothing of the batch was written.
+    ///
+    /// A caller that must not do something twice retries such a write only in a way that
+    /// is idempotent (procflow's `submit` with the same nonce), or reads first.
+    #[must_use]
+    pub fn may_have_applied(&self) -> bool {
+        matches!(self, StoreError::Io { .. } | StoreError::Poisoned)
+    }
+
     pub(crate) fn io(context: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         StoreError::Io {
             context,
@@ -131,12 +149,33 @@ mod tests {
                 "batch too large: ops per batch is 129, the limit is 128",
             ),
             (StoreError::UnknownProcedure(7), "unknown procedure 7"),
+            (
+                StoreError::MetaExists { key: "k".into() },
+                "metadata key `k` exists already (written create-only)",
+            ),
             (StoreError::Closed, "the store is closed"),
         ];
         for (error, message) in cases {
             assert_eq!(error.to_string(), message);
         }
         assert!(StoreError::Poisoned.to_string().contains("reopen"));
+    }
+
+    #[test]
+    fn only_io_and_poison_leave_the_outcome_unknown() {
+        assert!(StoreError::io("x", "/s", io::Error::other("timeout")).may_have_applied());
+        assert!(StoreError::Poisoned.may_have_applied());
+        for refusal in [
+            StoreError::Fenced {
+                token: 1,
+                highest: 2,
+            },
+            StoreError::UnknownProcedure(1),
+            StoreError::MetaExists { key: "k".into() },
+            StoreError::Closed,
+        ] {
+            assert!(!refusal.may_have_applied(), "{refusal}");
+        }
     }
 
     #[test]

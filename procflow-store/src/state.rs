@@ -83,20 +83,34 @@ pub(crate) struct Prepared {
     pub(crate) spent: Vec<Op>,
 }
 
+/// What a batch needs of the store's current contents to apply, found by [`resolve`].
+#[derive(Debug, Default)]
+pub(crate) struct Checks {
+    /// Records it finishes without writing them first: they must exist.
+    pub(crate) must_exist: Vec<ProcId>,
+    /// Metadata keys it creates ([`Op::CreateMeta`]) that no earlier op of the batch
+    /// touched: they must not exist.
+    pub(crate) must_be_absent: Vec<String>,
+}
+
 /// Resolves `ops`, leaving the vector empty, into self-contained changes: a `Finish` becomes a `Put` of the finished
 /// record with its parent, taken from an earlier op of the same batch or, for a record the
-/// batch has not touched, from `parent_of` (`None`: no such record). Returns the changes and
-/// the ids `parent_of` answered for: the records that must still exist when they apply.
+/// batch has not touched, from `parent_of` (`None`: no such record); a `CreateMeta`
+/// becomes a `PutMeta`. Returns the changes and the [`Checks`] left for the store: the
+/// records `parent_of` answered for, which must still exist when the changes apply, and
+/// the metadata keys created, which must not.
 ///
 /// # Errors
 ///
-/// [`StoreError::UnknownProcedure`] for a `Finish` of a record that does not exist.
+/// [`StoreError::UnknownProcedure`] for a `Finish` of a record that does not exist;
+/// [`StoreError::MetaExists`] for a `CreateMeta` of a key an earlier op of the batch
+/// sets.
 pub(crate) fn resolve(
     ops: &mut Vec<Op>,
     mut parent_of: impl FnMut(ProcId) -> Option<Option<ProcId>>,
-) -> Result<(Vec<Change>, Vec<ProcId>), StoreError> {
+) -> Result<(Vec<Change>, Checks), StoreError> {
     let mut overlay = Overlay::for_ops(ops.len());
-    let mut looked_up = Vec::new();
+    let mut checks = Checks::default();
     let mut changes = Vec::with_capacity(ops.len());
     for op in ops.drain(..) {
         let change = match op {
@@ -115,7 +129,7 @@ pub(crate) fn resolve(
                     Some(None) => return Err(StoreError::UnknownProcedure(id)),
                     None => {
                         let parent = parent_of(id).ok_or(StoreError::UnknownProcedure(id))?;
-                        looked_up.push(id);
+                        checks.must_exist.push(id);
                         parent
                     }
                 };
@@ -135,10 +149,32 @@ pub(crate) fn resolve(
                 value: value.into(),
             },
             Op::DeleteMeta { key } => Change::DeleteMeta { key },
+            Op::CreateMeta { key, value } => {
+                match earlier_meta(&changes, &key) {
+                    Some(true) => return Err(StoreError::MetaExists { key }),
+                    Some(false) => {} // Deleted earlier in the batch: absent.
+                    None => checks.must_be_absent.push(key.clone()),
+                }
+                Change::PutMeta {
+                    key,
+                    value: value.into(),
+                }
+            }
         };
         changes.push(change);
     }
-    Ok((changes, looked_up))
+    Ok((changes, checks))
+}
+
+/// What the changes so far do to metadata `key`: `Some(true)` if the last one sets it,
+/// `Some(false)` if it removes it, `None` if none touches it. A linear search: creates
+/// are rare (an operator's request), and a batch holding one is small.
+fn earlier_meta(changes: &[Change], key: &str) -> Option<bool> {
+    changes.iter().rev().find_map(|change| match change {
+        Change::PutMeta { key: k, .. } if k == key => Some(true),
+        Change::DeleteMeta { key: k } if k == key => Some(false),
+        _ => None,
+    })
 }
 
 /// The parent of every id a batch has touched so far (`None`: deleted), for its later
@@ -208,7 +244,14 @@ impl State {
         }
         let records = &self.records;
         let mut spent = batch.ops;
-        let (changes, _) = resolve(&mut spent, |id| records.get(&id).map(|r| r.parent))?;
+        let (changes, checks) = resolve(&mut spent, |id| records.get(&id).map(|r| r.parent))?;
+        if let Some(key) = checks
+            .must_be_absent
+            .into_iter()
+            .find(|key| self.meta.contains_key(key))
+        {
+            return Err(StoreError::MetaExists { key });
+        }
         Ok(Prepared {
             changes,
             fencing_token: batch.fencing_token,
@@ -371,6 +414,43 @@ mod tests {
                 .finish(7, vec![]);
             assert_eq!(parent_after(batch).unwrap(), None, "{ops} ops");
         }
+    }
+
+    #[test]
+    fn create_meta_refuses_a_key_that_exists_and_writes_nothing() {
+        let state = state_with(Batch::new().put_meta("r/1", vec![1]));
+        let limits = Limits::default();
+        let err = state
+            .prepare(
+                Batch::new().put(3, None, vec![]).create_meta("r/1", vec![2]),
+                &limits,
+            )
+            .unwrap_err();
+        assert!(matches!(err, StoreError::MetaExists { key } if key == "r/1"));
+        // Set earlier in the same batch: exists too.
+        let err = state
+            .prepare(
+                Batch::new().put_meta("r/2", vec![]).create_meta("r/2", vec![]),
+                &limits,
+            )
+            .unwrap_err();
+        assert!(matches!(err, StoreError::MetaExists { key } if key == "r/2"));
+        // Deleted earlier in the batch, or never there: created, as a plain put.
+        let prepared = state
+            .prepare(
+                Batch::new().delete_meta("r/1").create_meta("r/1", vec![3]),
+                &limits,
+            )
+            .unwrap();
+        assert!(matches!(
+            prepared.changes.last(),
+            Some(Change::PutMeta { key, value }) if key == "r/1" && value[..] == [3]
+        ));
+        assert!(
+            state
+                .prepare(Batch::new().create_meta("r/3", vec![]), &limits)
+                .is_ok()
+        );
     }
 
     #[test]

@@ -41,7 +41,11 @@ pub struct RecordInfo {
 }
 
 /// One change inside a [`Batch`].
+///
+/// New kinds of change may be added: a store implemented outside this crate must refuse
+/// one it does not know (a `match` with a catch-all arm), never skip it.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Op {
     /// Insert or replace a live (unfinished) procedure.
     Put {
@@ -78,6 +82,17 @@ pub enum Op {
         /// The entry's key.
         key: String,
     },
+    /// Set a metadata entry that must not exist yet (written create-only): if the key
+    /// exists when the batch applies, or an earlier op of the batch sets it, the whole
+    /// batch is refused with [`StoreError::MetaExists`] and nothing of it is written. For
+    /// entries several processes may write under keys they choose themselves (operators'
+    /// requests), so that one never overwrites another's.
+    CreateMeta {
+        /// The entry's key.
+        key: String,
+        /// The entry's value.
+        value: Vec<u8>,
+    },
 }
 
 impl Op {
@@ -86,7 +101,7 @@ impl Op {
     pub fn payload_bytes(&self) -> usize {
         match self {
             Op::Put { value, .. } | Op::Finish { value, .. } => value.len(),
-            Op::PutMeta { key, value } => key.len() + value.len(),
+            Op::PutMeta { key, value } | Op::CreateMeta { key, value } => key.len() + value.len(),
             Op::DeleteMeta { key } => key.len(),
             Op::Delete { .. } => 0,
         }
@@ -97,9 +112,10 @@ impl Op {
     #[must_use]
     pub fn value_len(&self) -> usize {
         match self {
-            Op::Put { value, .. } | Op::Finish { value, .. } | Op::PutMeta { value, .. } => {
-                value.len()
-            }
+            Op::Put { value, .. }
+            | Op::Finish { value, .. }
+            | Op::PutMeta { value, .. }
+            | Op::CreateMeta { value, .. } => value.len(),
             Op::Delete { .. } | Op::DeleteMeta { .. } => 0,
         }
     }
@@ -187,6 +203,16 @@ impl Batch {
         self
     }
 
+    /// Appends an [`Op::CreateMeta`]: the batch applies only if `key` does not exist.
+    #[must_use]
+    pub fn create_meta(mut self, key: impl Into<String>, value: Vec<u8>) -> Self {
+        self.ops.push(Op::CreateMeta {
+            key: key.into(),
+            value,
+        });
+        self
+    }
+
     /// Appends an [`Op::DeleteMeta`].
     #[must_use]
     pub fn delete_meta(mut self, key: impl Into<String>) -> Self {
@@ -252,9 +278,11 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// # Errors
     ///
-    /// [`StoreError::Fenced`], [`StoreError::TooLarge`], [`StoreError::UnknownProcedure`]
-    /// reject the batch without changing anything. [`StoreError::Io`] and
-    /// [`StoreError::Poisoned`] mean the batch may or may not be durable.
+    /// [`StoreError::Fenced`], [`StoreError::TooLarge`], [`StoreError::UnknownProcedure`],
+    /// [`StoreError::MetaExists`] reject the batch without changing anything. Errors for
+    /// which [`StoreError::may_have_applied`] holds ([`StoreError::Io`],
+    /// [`StoreError::Poisoned`]) mean the batch may or may not be durable: only a later
+    /// read can tell.
     fn commit(&self, batch: Batch) -> BoxFuture<'_, Result<(), StoreError>>;
 
     /// Everything: live and finished records, and all metadata.

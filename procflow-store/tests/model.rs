@@ -22,7 +22,8 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(id, parent, value)| Op::Put { id, parent, value }),
         2 => (id.clone(), value.clone()).prop_map(|(id, value)| Op::Finish { id, value }),
         2 => id.prop_map(|id| Op::Delete { id }),
-        1 => (0..3u8, value).prop_map(|(k, value)| Op::PutMeta { key: format!("m{k}"), value }),
+        1 => (0..3u8, value.clone()).prop_map(|(k, value)| Op::PutMeta { key: format!("m{k}"), value }),
+        1 => (0..3u8, value).prop_map(|(k, value)| Op::CreateMeta { key: format!("m{k}"), value }),
         1 => (0..3u8).prop_map(|k| Op::DeleteMeta { key: format!("m{k}") }),
     ]
 }

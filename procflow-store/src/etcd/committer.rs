@@ -56,7 +56,11 @@ pub(crate) async fn run(shared: Arc<Shared>, mut queue: mpsc::UnboundedReceiver<
 /// commits each on its own to find out whose it was.
 async fn commit_group(shared: &Shared, plan: &Plan, group: Vec<Pending>) {
     let result = commit_plan(shared, plan).await;
-    if group.len() > 1 && matches!(result, Err(StoreError::UnknownProcedure(_))) {
+    let refused_check = matches!(
+        result,
+        Err(StoreError::UnknownProcedure(_) | StoreError::MetaExists { .. })
+    );
+    if group.len() > 1 && refused_check {
         for pending in group {
             let mut alone = Plan::new(pending.batch.token);
             alone.try_add(&pending.batch, &shared.keys);
@@ -105,9 +109,16 @@ async fn commit_plan(shared: &Shared, plan: &Plan) -> Result<(), StoreError> {
             highest: u64::try_from(leader).unwrap_or(0),
         });
     }
-    for (id, response) in plan.must_exist().zip(responses) {
+    for (id, response) in plan.must_exist().zip(responses.by_ref()) {
         if matches!(response, TxnOpResponse::Get(get) if get.kvs().is_empty()) {
             return Err(StoreError::UnknownProcedure(id));
+        }
+    }
+    for (key, response) in plan.must_be_absent().zip(responses) {
+        if matches!(response, TxnOpResponse::Get(get) if !get.kvs().is_empty()) {
+            return Err(StoreError::MetaExists {
+                key: key.to_owned(),
+            });
         }
     }
     Err(shared.io(
@@ -125,6 +136,7 @@ fn clone_result(result: &Result<(), StoreError>) -> Result<(), StoreError> {
             highest: *highest,
         }),
         Err(StoreError::UnknownProcedure(id)) => Err(StoreError::UnknownProcedure(*id)),
+        Err(StoreError::MetaExists { key }) => Err(StoreError::MetaExists { key: key.clone() }),
         Err(StoreError::Io {
             context,
             path,

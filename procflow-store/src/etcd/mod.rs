@@ -235,7 +235,7 @@ impl EtcdStore {
                 }
             }
         }
-        let (changes, looked_up) = {
+        let (changes, checks) = {
             let remembered = self.shared.parents();
             resolve(&mut batch.ops, |id| {
                 remembered.get(&id).or_else(|| read.get(&id)).copied()
@@ -244,9 +244,19 @@ impl EtcdStore {
         let keys = &self.shared.keys;
         let mut prepared = Prepared {
             token: batch.fencing_token,
-            must_exist: looked_up
+            must_exist: checks
+                .must_exist
                 .into_iter()
                 .map(|id| (id, keys.record(id)))
+                .collect(),
+            // Checked in the transaction itself: another process may create the key.
+            must_be_absent: checks
+                .must_be_absent
+                .into_iter()
+                .map(|key| {
+                    let etcd_key = keys.meta(&key);
+                    (key, etcd_key)
+                })
                 .collect(),
             ..Prepared::default()
         };

@@ -29,12 +29,15 @@ pub(crate) enum Write {
     Delete,
 }
 
-/// A batch made self-contained: the final write to each key, in op order, and the records
-/// that must exist for it to apply (the `Finish` of a record it did not write itself).
+/// A batch made self-contained: the final write to each key, in op order, the records
+/// that must exist for it to apply (the `Finish` of a record it did not write itself),
+/// and the metadata keys that must not (its `CreateMeta`s).
 #[derive(Debug, Default)]
 pub(crate) struct Prepared {
     pub(crate) writes: Vec<(Vec<u8>, Write)>,
     pub(crate) must_exist: Vec<(ProcId, Vec<u8>)>,
+    /// The metadata key as the batch named it, and its etcd key.
+    pub(crate) must_be_absent: Vec<(String, Vec<u8>)>,
     pub(crate) token: Option<u64>,
     /// What the batch does to the parents the store remembers for live records:
     /// `Some(parent)` for a live record written, `None` for one finished or deleted.
@@ -47,7 +50,8 @@ pub(crate) struct Plan {
     token: Option<u64>,
     writes: BTreeMap<Vec<u8>, Write>,
     must_exist: BTreeMap<Vec<u8>, ProcId>,
-    /// What `writes` and `must_exist` add to the request's encoded size (an upper bound).
+    must_be_absent: BTreeMap<Vec<u8>, String>,
+    /// What `writes` and the checks add to the request's encoded size (an upper bound).
     bytes: usize,
 }
 
@@ -57,6 +61,7 @@ impl Plan {
             token,
             writes: BTreeMap::new(),
             must_exist: BTreeMap::new(),
+            must_be_absent: BTreeMap::new(),
             bytes: 0,
         }
     }
@@ -65,11 +70,9 @@ impl Plan {
     /// as committing the batches one by one; otherwise leaves the plan as it was. Only
     /// what the batch changes is counted: the plan is not copied to try.
     pub(crate) fn try_add(&mut self, batch: &Prepared, keys: &Keys) -> bool {
-        if batch.token != self.token
-            || batch
-                .must_exist
-                .iter()
-                .any(|(_, key)| self.writes.contains_key(key))
+        let checked = batch.must_exist.iter().map(|(_, key)| key);
+        let checked = checked.chain(batch.must_be_absent.iter().map(|(_, key)| key));
+        if batch.token != self.token || checked.clone().any(|key| self.writes.contains_key(key))
         {
             // A different owner's batch, or one whose check an earlier write would decide.
             return false;
@@ -94,8 +97,18 @@ impl Plan {
             .filter(|(_, key)| !self.must_exist.contains_key(key))
             .map(|(id, key)| (key.as_slice(), *id))
             .collect();
+        let new_absent: BTreeMap<&[u8], &str> = batch
+            .must_be_absent
+            .iter()
+            .filter(|(_, key)| !self.must_be_absent.contains_key(key))
+            .map(|(name, key)| (key.as_slice(), name.as_str()))
+            .collect();
         bytes += new_checks.keys().map(|key| check_bytes(key)).sum::<usize>();
-        let checks = self.must_exist.len() + new_checks.len();
+        bytes += new_absent.keys().map(|key| check_bytes(key)).sum::<usize>();
+        let checks = self.must_exist.len()
+            + new_checks.len()
+            + self.must_be_absent.len()
+            + new_absent.len();
         let fits = usize::from(self.token.is_some()) + checks <= MAX_TXN_OPS
             && self.writes.len() + new_writes <= MAX_TXN_OPS
             // The failure branch reads the leader key and each checked record.
@@ -110,24 +123,35 @@ impl Plan {
         for (key, id) in new_checks {
             self.must_exist.insert(key.to_vec(), id);
         }
+        for (key, name) in new_absent {
+            self.must_be_absent.insert(key.to_vec(), name.to_owned());
+        }
         self.bytes = bytes;
         true
     }
 
-    /// The ids whose existence the transaction checks.
+    /// The ids whose existence the transaction checks, in the order of its failure
+    /// branch's reads.
     pub(crate) fn must_exist(&self) -> impl Iterator<Item = ProcId> + '_ {
         self.must_exist.values().copied()
+    }
+
+    /// The metadata keys whose absence the transaction checks, as the batches named
+    /// them, in the order of its failure branch's reads (after the records').
+    pub(crate) fn must_be_absent(&self) -> impl Iterator<Item = &str> + '_ {
+        self.must_be_absent.values().map(String::as_str)
     }
 
     pub(crate) fn token(&self) -> Option<u64> {
         self.token
     }
 
-    /// The transaction: if the leader key is still the one of this token and every
-    /// must-exist record exists, write; otherwise read the leader key and those records,
-    /// so the caller can say which check failed.
+    /// The transaction: if the leader key is still the one of this token, every
+    /// must-exist record exists and every must-be-absent key does not, write; otherwise
+    /// read the leader key and those keys, so the caller can say which check failed.
     pub(crate) fn txn(&self, keys: &Keys) -> Txn {
-        let mut compares = Vec::with_capacity(1 + self.must_exist.len());
+        let mut compares =
+            Vec::with_capacity(1 + self.must_exist.len() + self.must_be_absent.len());
         if let Some(token) = self.token {
             compares.push(Compare::create_revision(
                 keys.leader(),
@@ -138,6 +162,13 @@ impl Plan {
         let mut failure = vec![TxnOp::get(keys.leader(), None)];
         for key in self.must_exist.keys() {
             compares.push(Compare::version(key.clone(), CompareOp::Greater, 0));
+            failure.push(TxnOp::get(
+                key.clone(),
+                Some(GetOptions::new().with_keys_only()),
+            ));
+        }
+        for key in self.must_be_absent.keys() {
+            compares.push(Compare::version(key.clone(), CompareOp::Equal, 0));
             failure.push(TxnOp::get(
                 key.clone(),
                 Some(GetOptions::new().with_keys_only()),
@@ -196,6 +227,7 @@ mod tests {
                 .map(|(k, w)| (k.to_vec(), w.clone()))
                 .collect(),
             must_exist: must_exist.iter().map(|(id, k)| (*id, k.to_vec())).collect(),
+            must_be_absent: Vec::new(),
             token: Some(1),
             parents: Vec::new(),
         }
@@ -210,11 +242,22 @@ mod tests {
         assert_eq!(plan.writes[&b"a".to_vec()], Write::Delete);
         // Its record must exist, but this plan deletes it: commit it on its own.
         assert!(!plan.try_add(&prepared(&[], &[(5, b"a")]), &keys));
+        // Its key must be absent, but this plan writes it: on its own too.
+        let mut create = prepared(&[(b"a", Write::Put(vec![2]))], &[]);
+        create.must_be_absent.push(("a".into(), b"a".to_vec()));
+        assert!(!plan.try_add(&create, &keys));
+        // A key the plan does not write: it joins, and its absence is checked.
+        let mut create = prepared(&[(b"c", Write::Put(vec![2]))], &[]);
+        create.must_be_absent.push(("c".into(), b"c".to_vec()));
+        assert!(plan.try_add(&create, &keys));
+        assert_eq!(plan.must_be_absent().collect::<Vec<_>>(), ["c"]);
+        // A second create of it must not join the first: its check would be decided by it.
+        assert!(!plan.try_add(&create, &keys));
         // Another owner's batch never joins.
         let mut other = prepared(&[(b"b", Write::Delete)], &[]);
         other.token = Some(2);
         assert!(!plan.try_add(&other, &keys));
-        assert_eq!(plan.writes.len(), 1);
+        assert_eq!(plan.writes.len(), 2);
     }
 
     #[test]

@@ -34,6 +34,7 @@ pub async fn run_all<F: Future<Output = Subject>>(new_subject: impl Fn() -> F) {
     put_finish_delete(new_subject().await.store.as_ref()).await;
     meta(new_subject().await.store.as_ref()).await;
     unknown_finish_rejects_whole_batch(new_subject().await.store.as_ref()).await;
+    create_meta_is_create_only(new_subject().await.store).await;
     fencing(new_subject().await).await;
     close_stops_writes(new_subject().await.store.as_ref()).await;
     concurrent_commits(new_subject().await.store).await;
@@ -143,6 +144,67 @@ pub async fn unknown_finish_rejects_whole_batch(store: &dyn Store) {
     assert_eq!(
         store.get(5).await.unwrap(),
         Some(record(5, None, true, &[9]))
+    );
+}
+
+/// `CreateMeta` writes a key only if it is absent, and a refused batch writes nothing;
+/// of writers racing to create one key, exactly one wins.
+pub async fn create_meta_is_create_only(store: Arc<dyn Store>) {
+    store
+        .commit(Batch::new().create_meta("req/a", vec![1]))
+        .await
+        .unwrap();
+    let err = store
+        .commit(
+            Batch::new()
+                .put(1, None, vec![])
+                .create_meta("req/a", vec![2]),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::MetaExists { key } if key == "req/a"),
+        "{err}"
+    );
+    assert!(!err.may_have_applied());
+    let loaded = store.load().await.unwrap();
+    assert!(loaded.records.is_empty(), "nothing of a refused batch");
+    assert_eq!(loaded.meta["req/a"], vec![1], "the first value stays");
+    // Deleted, it can be created again.
+    store.commit(Batch::new().delete_meta("req/a")).await.unwrap();
+    store
+        .commit(Batch::new().create_meta("req/a", vec![3]))
+        .await
+        .unwrap();
+    assert_eq!(store.meta("req/").await.unwrap()["req/a"], vec![3]);
+    // Racing writers, with other writes between them: one create wins.
+    let tasks: Vec<_> = (0..8u8)
+        .map(|writer| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let batch = Batch::new()
+                    .put(100 + u64::from(writer), None, vec![])
+                    .create_meta("req/race", vec![writer]);
+                store.commit(batch).await
+            })
+        })
+        .collect();
+    let mut won = Vec::new();
+    for (writer, task) in tasks.into_iter().enumerate() {
+        match task.await.unwrap() {
+            Ok(()) => won.push(writer),
+            Err(StoreError::MetaExists { .. }) => {}
+            Err(other) => panic!("writer {writer}: {other}"),
+        }
+    }
+    assert_eq!(won.len(), 1, "exactly one create wins: {won:?}");
+    let loaded = store.load().await.unwrap();
+    let winner = u8::try_from(won[0]).unwrap();
+    assert_eq!(loaded.meta["req/race"], vec![winner]);
+    assert_eq!(
+        loaded.records.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![100 + u64::from(winner)],
+        "the losers' batches wrote nothing"
     );
 }
 
