@@ -422,7 +422,9 @@ mod tests {
         let limits = Limits::default();
         let err = state
             .prepare(
-                Batch::new().put(3, None, vec![]).create_meta("r/1", vec![2]),
+                Batch::new()
+                    .put(3, None, vec![])
+                    .create_meta("r/1", vec![2]),
                 &limits,
             )
             .unwrap_err();
@@ -430,7 +432,9 @@ mod tests {
         // Set earlier in the same batch: exists too.
         let err = state
             .prepare(
-                Batch::new().put_meta("r/2", vec![]).create_meta("r/2", vec![]),
+                Batch::new()
+                    .put_meta("r/2", vec![])
+                    .create_meta("r/2", vec![]),
                 &limits,
             )
             .unwrap_err();

@@ -109,7 +109,6 @@
 #[cfg(feature = "admin")]
 pub mod admin;
 pub mod attributes;
-pub mod codec;
 mod context;
 mod cursor;
 pub mod diagram;
@@ -124,6 +123,7 @@ mod machine;
 pub mod operator;
 mod probe;
 mod stepper;
+mod stored;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -139,6 +139,7 @@ pub use machine::{DEFAULT_MAX_REPEATS, Procedure, StateInfo, StateMachine};
 #[doc(hidden)]
 pub use machine::{HandlerFuture, NoRollback, ProcedureData, RollbackUndeclared};
 pub use stepper::{StepReport, Stepper};
+pub use stored::codec;
 
 /// Derives [`StateMachine`] for an enum of states; see [`attributes`] for every attribute.
 pub use procflow_derive::StateMachine;

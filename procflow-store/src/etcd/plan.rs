@@ -72,8 +72,7 @@ impl Plan {
     pub(crate) fn try_add(&mut self, batch: &Prepared, keys: &Keys) -> bool {
         let checked = batch.must_exist.iter().map(|(_, key)| key);
         let checked = checked.chain(batch.must_be_absent.iter().map(|(_, key)| key));
-        if batch.token != self.token || checked.clone().any(|key| self.writes.contains_key(key))
-        {
+        if batch.token != self.token || checked.clone().any(|key| self.writes.contains_key(key)) {
             // A different owner's batch, or one whose check an earlier write would decide.
             return false;
         }
@@ -105,10 +104,8 @@ impl Plan {
             .collect();
         bytes += new_checks.keys().map(|key| check_bytes(key)).sum::<usize>();
         bytes += new_absent.keys().map(|key| check_bytes(key)).sum::<usize>();
-        let checks = self.must_exist.len()
-            + new_checks.len()
-            + self.must_be_absent.len()
-            + new_absent.len();
+        let checks =
+            self.must_exist.len() + new_checks.len() + self.must_be_absent.len() + new_absent.len();
         let fits = usize::from(self.token.is_some()) + checks <= MAX_TXN_OPS
             && self.writes.len() + new_writes <= MAX_TXN_OPS
             // The failure branch reads the leader key and each checked record.

@@ -171,7 +171,10 @@ pub async fn create_meta_is_create_only(store: Arc<dyn Store>) {
     assert!(loaded.records.is_empty(), "nothing of a refused batch");
     assert_eq!(loaded.meta["req/a"], vec![1], "the first value stays");
     // Deleted, it can be created again.
-    store.commit(Batch::new().delete_meta("req/a")).await.unwrap();
+    store
+        .commit(Batch::new().delete_meta("req/a"))
+        .await
+        .unwrap();
     store
         .commit(Batch::new().create_meta("req/a", vec![3]))
         .await

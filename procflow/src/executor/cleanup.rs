@@ -3,7 +3,7 @@
 
 use super::hooks::WriteKind;
 use super::inner::{Entry, Inner, Table};
-use super::record::{NONCE_PREFIX, now_ms};
+use crate::stored::record::{NONCE_PREFIX, now_ms};
 use procflow_store::Batch;
 use std::sync::Arc;
 

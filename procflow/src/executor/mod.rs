@@ -51,7 +51,6 @@ mod error;
 mod hooks;
 mod inner;
 mod lazy;
-pub(crate) mod record;
 mod requests;
 mod runner;
 pub(crate) mod status;
@@ -80,7 +79,7 @@ use tokio::sync::watch;
 /// snapshot (for `procflow::testing`).
 #[cfg(feature = "testing")]
 pub(crate) fn split_record(value: &[u8]) -> Result<((), &[u8]), String> {
-    record::Envelope::decode(value).map(|(_, snapshot)| ((), snapshot))
+    crate::stored::record::Envelope::decode(value).map(|(_, snapshot)| ((), snapshot))
 }
 
 /// Runs procedures; cheap to clone (all clones drive the same executor).

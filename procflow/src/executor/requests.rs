@@ -1,12 +1,12 @@
 //! Carrying out operators' requests ([`Request`]): stored first, acted on by the
 //! procedures' own tasks, deleted once what they asked for is durable. See
-//! [`operator::requests`](crate::operator::requests) for the life of a stored request.
+//! [`stored::requests`](crate::stored::requests) for the life of a stored request.
 
 use super::Executor;
 use super::error::ExecutorError;
 use super::hooks::WriteKind;
 use super::inner::{Inner, Settled};
-use crate::operator::requests::{self, Action, REQUEST_PREFIX, Request};
+use crate::stored::requests::{self, Action, REQUEST_PREFIX, Request};
 use crate::{Error, ProcedureId};
 use procflow_store::Batch;
 use std::collections::BTreeMap;

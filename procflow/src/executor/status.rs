@@ -1,6 +1,6 @@
 //! What the executor reports about a procedure.
 
-use super::record::{Envelope, Wait};
+use crate::stored::record::{Envelope, Wait};
 use crate::{Error, Phase, ProcedureId};
 use std::time::SystemTime;
 

@@ -8,7 +8,7 @@
 //! needs removing.
 
 use super::inner::Inner;
-use super::record::now_ms;
+use crate::stored::record::now_ms;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;

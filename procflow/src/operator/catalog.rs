@@ -1,11 +1,11 @@
 //! Every procedure a store holds, readable without the machines' types.
 
 use super::graph::{MACHINE_PREFIX, MachineGraph, PathOnGraph};
-use super::history::StepOutcome;
 use super::record::ProcedureRecord;
-use super::requests::{self, Action, Request};
 use crate::ProcedureId;
 use crate::locks::Lock;
+use crate::stored::history::StepOutcome;
+use crate::stored::requests::{self, Action, Request};
 use procflow_store::{Loaded, Store, StoreError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -43,14 +43,14 @@
 
 mod catalog;
 pub(crate) mod graph;
-pub(crate) mod history;
+mod history;
 mod record;
-pub(crate) mod requests;
 mod ser;
 mod svg;
 
+pub use crate::stored::history::{StepKind, StepOutcome};
+pub use crate::stored::requests::{Action, Request, leave_request};
 pub use catalog::Catalog;
 pub use graph::{MachineGraph, PathOnGraph, StateNode};
-pub use history::{HistoryEntry, StepKind, StepOutcome};
+pub use history::HistoryEntry;
 pub use record::{Bypass, ProcedureRecord, Waiting};
-pub use requests::{Action, Request, leave_request};

@@ -1,14 +1,14 @@
 //! The readable record of one procedure, decoded from its stored bytes without the
 //! machine's types.
 
-use super::history::HistoryEntry;
-use super::history::time_of;
+use super::history::{HistoryEntry, entries};
 use super::ser;
 use crate::codec;
 use crate::executor::Status;
-use crate::executor::record::{Envelope, Wait};
 use crate::executor::status::status_of;
 use crate::locks::{Hold, Lock};
+use crate::stored::history::time_of;
+use crate::stored::record::{Envelope, Wait};
 use crate::{Error, ProcedureId};
 use procflow_store::Record;
 use serde::{Deserialize, Serialize};
@@ -183,7 +183,7 @@ impl ProcedureRecord {
             waits_for_locks: false,
             visited: cursor.entries.iter().map(|(s, _)| s.to_string()).collect(),
             completed: cursor.completed.iter().map(ToString::to_string).collect(),
-            history: envelope.history.entries(envelope.submitted_ms),
+            history: entries(&envelope.history, envelope.submitted_ms),
             history_dropped: envelope.history.dropped,
             abort_requested: None,
             bypass: envelope.bypass.as_ref().map(|b| Bypass {

@@ -9,8 +9,8 @@
 use super::{Exit, Launch, Runner, insert_entry, launch};
 use crate::executor::hooks::WriteKind;
 use crate::executor::inner::{Inner, Reservation, Table};
-use crate::executor::record::{Envelope, Spawn, Wait};
 use crate::executor::status::Status;
+use crate::stored::record::{Envelope, Spawn, Wait};
 use crate::{Child, Error, Phase};
 use procflow_store::Batch;
 

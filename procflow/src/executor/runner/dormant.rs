@@ -21,7 +21,7 @@
 use super::{Exit, Launch, Runner};
 use crate::executor::builder::launch_stored;
 use crate::executor::inner::{Entry, Inner, Parked, Sleeper};
-use crate::executor::record::now_ms;
+use crate::stored::record::now_ms;
 use procflow_store::Bytes;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -17,11 +17,11 @@ use super::erased::{DynProcedure, DynProgress};
 use super::error::ExecutorError;
 use super::hooks::WriteKind;
 use super::inner::{Entry, Inner, Settled};
-use super::record::{Envelope, Trouble, Wait, now_ms};
 use super::status::{ProcedureInfo, Status, status_of};
 use super::wakes::StepStart;
 use crate::locks::{Hold, LockKeyError, Locks};
-use crate::operator::history::{StepKind, StepOutcome};
+use crate::stored::history::{StepKind, StepOutcome};
+use crate::stored::record::{Envelope, Trouble, Wait, now_ms};
 use crate::{Context, Error, Phase, ProcedureId};
 use dormant::Reload;
 use futures_util::FutureExt;
@@ -137,7 +137,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
         let last_error = trouble.map(|t| Box::new(Error::fatal(t.error.clone())));
         let stuck_since = trouble
             .and_then(|t| t.stuck_since_ms)
-            .map(crate::operator::history::time_of);
+            .map(crate::stored::history::time_of);
         let locks = launch.locks().map_err(Error::fatal_from);
         Runner {
             ctx: Context::new(ProcedureId::new(launch.id), Arc::clone(&inner.env))

@@ -16,7 +16,7 @@
 
 use crate::codec::CodecError;
 use crate::locks::{Hold, Lock, Locks};
-use crate::operator::history::{History, Mark, StepKind, StepOutcome};
+use crate::stored::history::{History, Mark, StepKind, StepOutcome};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 

@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use crate::ProcedureId;
-use crate::executor::record::now_ms;
-use crate::operator::history::time_of;
+use crate::stored::history::time_of;
+use crate::stored::record::now_ms;
 
 /// Metadata key prefix of stored requests.
 pub(crate) const REQUEST_PREFIX: &str = "procflow/request/";
