@@ -1,53 +1,6 @@
-//! Hierarchical shared/exclusive locks on entity keys.
-//!
-//! A procedure declares the entities it works on as [`Lock`]s: a `/`-separated key
-//! (`"ns"`, `"ns/t1"`, `"ns/t1/r7"`) and a [`LockMode`]. Keys form a tree, and a lock on
-//! a key covers everything below it when, and only when, it is exclusive:
-//!
-//! | held \ requested | shared `ns/t1` | exclusive `ns/t1` | shared `ns/t1/r1` | exclusive `ns/t1/r1` |
-//! |---|---|---|---|---|
-//! | shared `ns/t1` | ok | conflict | ok | ok |
-//! | exclusive `ns/t1` | conflict | conflict | conflict | conflict |
-//!
-//! So a procedure that creates a table in `ns` takes shared `ns` (the namespace must not
-//! be dropped meanwhile, other tables may be created next to it) and exclusive `ns/t1`;
-//! dropping the namespace takes exclusive `ns` and waits for all of them.
-//!
-//! Prefixes are taken segment by segment: `ns/t1` is above `ns/t1/r7`, not above
-//! `ns/t10`.
-//!
-//! The executor keeps the locks of all live procedures in one table. A procedure
-//! gets its whole declared set at once or waits holding none of it, so two procedures
-//! never each hold half of what the other needs; a waiting procedure is dormant (no task,
-//! no worker) until its grant rouses it; requests on a key are served first come, first served, so a writer
-//! is not starved by a stream of readers; and a child procedure may use the locks its
-//! parent holds (it runs on the parent's behalf) instead of deadlocking on them.
-//!
-//! # Examples
-//!
-//! ```
-//! use procflow::locks::{Lock, LockMode};
-//!
-//! let namespace = Lock::shared("ns")?;
-//! let table = Lock::exclusive("ns/t1")?;
-//! let region = Lock::shared("ns/t1/r7")?;
-//!
-//! assert_eq!(table.key(), "ns/t1");
-//! assert_eq!(table.mode(), LockMode::Exclusive);
-//!
-//! // A shared lock on a namespace lets procedures work on different tables in it...
-//! assert!(!namespace.conflicts_with(&table));
-//! // ...but an exclusive lock on a table covers its regions,
-//! assert!(table.conflicts_with(&region));
-//! // and not a table whose name merely starts the same way.
-//! assert!(!table.conflicts_with(&Lock::exclusive("ns/t10")?));
-//!
-//! // Keys are checked when the lock is made.
-//! assert!(Lock::shared("ns//t1").is_err());
-//! # Ok::<(), procflow::locks::LockKeyError>(())
-//! ```
+//! The lock table: who holds which lock, who waits, and in which order they are granted.
 
-use serde::{Deserialize, Serialize};
+use super::{Lock, LockMode};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 #[cfg(test)]
@@ -56,183 +9,6 @@ use std::ops::Bound;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 #[cfg(test)]
 use tokio::sync::oneshot;
-
-/// How a [`Lock`] shares its key with other procedures.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum LockMode {
-    /// Others may hold shared locks on the same key and any lock below it. Use it for
-    /// entities that must keep existing while the procedure runs (the namespace of a
-    /// table being created).
-    Shared,
-    /// Nobody else may hold any lock on the key or below it, and no exclusive lock
-    /// above it. Use it for entities the procedure changes.
-    Exclusive,
-}
-
-/// A lock a procedure declares: a hierarchical key and a [`LockMode`].
-///
-/// Made with [`Lock::shared`], [`Lock::exclusive`] or [`Lock::new`], which check the key;
-/// a deserialized lock is checked the same way.
-///
-/// # Examples
-///
-/// ```
-/// use procflow::locks::Lock;
-///
-/// let locks = [Lock::shared("ns")?, Lock::exclusive("ns/t1")?];
-/// assert_eq!(locks[1].to_string(), "exclusive ns/t1");
-/// # Ok::<(), procflow::locks::LockKeyError>(())
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "LockRepr")]
-pub struct Lock {
-    key: String,
-    mode: LockMode,
-}
-
-/// The unchecked form [`Lock`] is deserialized through.
-#[derive(Deserialize)]
-struct LockRepr {
-    key: String,
-    mode: LockMode,
-}
-
-impl TryFrom<LockRepr> for Lock {
-    type Error = LockKeyError;
-
-    fn try_from(repr: LockRepr) -> Result<Self, Self::Error> {
-        Lock::new(repr.key, repr.mode)
-    }
-}
-
-impl Lock {
-    /// A lock on `key` in the given mode.
-    ///
-    /// # Errors
-    ///
-    /// [`LockKeyError`] when `key` is not one or more non-empty segments separated by
-    /// single `/`s (empty, leading or trailing `/`, or `//`).
-    pub fn new(key: impl Into<String>, mode: LockMode) -> Result<Self, LockKeyError> {
-        let key = key.into();
-        validate_key(&key)?;
-        Ok(Self { key, mode })
-    }
-
-    /// A [`Shared`](LockMode::Shared) lock on `key`.
-    ///
-    /// # Errors
-    ///
-    /// [`LockKeyError`] when `key` is malformed; see [`Lock::new`].
-    pub fn shared(key: impl Into<String>) -> Result<Self, LockKeyError> {
-        Self::new(key, LockMode::Shared)
-    }
-
-    /// An [`Exclusive`](LockMode::Exclusive) lock on `key`.
-    ///
-    /// # Errors
-    ///
-    /// [`LockKeyError`] when `key` is malformed; see [`Lock::new`].
-    pub fn exclusive(key: impl Into<String>) -> Result<Self, LockKeyError> {
-        Self::new(key, LockMode::Exclusive)
-    }
-
-    /// The key, such as `"ns/t1"`.
-    #[must_use]
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
-    /// Whether the lock is shared or exclusive.
-    #[must_use]
-    pub fn mode(&self) -> LockMode {
-        self.mode
-    }
-
-    /// Whether two different procedures could not hold `self` and `other` at once.
-    ///
-    /// True when both are on the same key and at least one is exclusive, or when one key
-    /// is strictly above the other and the lock on the upper key is exclusive. The
-    /// relation is symmetric.
-    #[must_use]
-    pub fn conflicts_with(&self, other: &Lock) -> bool {
-        if self.key == other.key {
-            self.mode == LockMode::Exclusive || other.mode == LockMode::Exclusive
-        } else if is_ancestor(&self.key, &other.key) {
-            self.mode == LockMode::Exclusive
-        } else if is_ancestor(&other.key, &self.key) {
-            other.mode == LockMode::Exclusive
-        } else {
-            false
-        }
-    }
-}
-
-impl fmt::Display for Lock {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mode = match self.mode {
-            LockMode::Shared => "shared",
-            LockMode::Exclusive => "exclusive",
-        };
-        write!(f, "{mode} {}", self.key)
-    }
-}
-
-/// Whether `upper` is a strict ancestor of `lower`, segment by segment.
-fn is_ancestor(upper: &str, lower: &str) -> bool {
-    lower.len() > upper.len() && lower.starts_with(upper) && lower.as_bytes()[upper.len()] == b'/'
-}
-
-fn validate_key(key: &str) -> Result<(), LockKeyError> {
-    let problem = if key.is_empty() {
-        Some("it is empty")
-    } else if key.starts_with('/') {
-        Some("it starts with `/`")
-    } else if key.ends_with('/') {
-        Some("it ends with `/`")
-    } else if key.contains("//") {
-        Some("it has an empty segment (`//`)")
-    } else {
-        None
-    };
-    match problem {
-        Some(problem) => Err(LockKeyError {
-            key: key.to_owned(),
-            problem,
-        }),
-        None => Ok(()),
-    }
-}
-
-/// A lock key that is not a `/`-separated path of non-empty segments.
-///
-/// Returned by [`Lock::new`], [`Lock::shared`] and [`Lock::exclusive`].
-///
-/// # Examples
-///
-/// ```
-/// use procflow::locks::Lock;
-///
-/// let err = Lock::exclusive("/ns/t1").unwrap_err();
-/// assert_eq!(err.key(), "/ns/t1");
-/// assert!(err.to_string().contains("starts with `/`"));
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "invalid lock key `{key}`: {problem}; a lock key is one or more non-empty segments \
-     separated by `/`, such as `ns`, `ns/t1` or `ns/t1/r7`"
-)]
-pub struct LockKeyError {
-    key: String,
-    problem: &'static str,
-}
-
-impl LockKeyError {
-    /// The rejected key.
-    #[must_use]
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-}
 
 /// The locks of all running procedures, and the queue of procedures waiting for theirs.
 ///
@@ -390,9 +166,9 @@ impl Held {
             return;
         }
         self.by_key
-            .entry(lock.key.clone())
+            .entry(lock.key().to_owned())
             .or_default()
-            .of_mode(lock.mode)
+            .of_mode(lock.mode())
             .insert(ticket, owner);
         self.by_ticket.insert(ticket, owner);
         mine.push(Owned {
@@ -429,7 +205,7 @@ impl Held {
         self.by_ticket.remove(&owned.ticket);
         let key = owned.lock.key();
         if let Some(holders) = self.by_key.get_mut(key) {
-            holders.of_mode(owned.lock.mode).remove(&owned.ticket);
+            holders.of_mode(owned.lock.mode()).remove(&owned.ticket);
             if holders.is_empty() {
                 self.by_key.remove(key);
             }
@@ -444,7 +220,7 @@ impl Held {
     fn blocks(&self, request: &Request, lock: &Lock) -> bool {
         let foreign =
             |holders: &BTreeMap<u64, u64>| holders.values().any(|&owner| request.is_foreign(owner));
-        let exclusive = lock.mode == LockMode::Exclusive;
+        let exclusive = lock.mode() == LockMode::Exclusive;
         // The key itself: two shared locks are the only pair that does not conflict.
         let on_key = || {
             self.by_key
@@ -794,71 +570,6 @@ mod tests {
             .filter(|(o, _)| *o == owner)
             .map(|(_, lock)| lock)
             .collect()
-    }
-
-    /// Asserts `a` and `b` conflict (or not) in both directions.
-    fn assert_conflict(a: &Lock, b: &Lock, expected: bool) {
-        assert_eq!(a.conflicts_with(b), expected, "{a} vs {b}");
-        assert_eq!(b.conflicts_with(a), expected, "{b} vs {a}");
-    }
-
-    #[test]
-    fn conflict_matrix() {
-        // Same key.
-        assert_conflict(&s("ns/t1"), &s("ns/t1"), false);
-        assert_conflict(&s("ns/t1"), &x("ns/t1"), true);
-        assert_conflict(&x("ns/t1"), &x("ns/t1"), true);
-        // Exclusive ancestor covers every descendant.
-        assert_conflict(&x("ns/t1"), &s("ns/t1/r1"), true);
-        assert_conflict(&x("ns/t1"), &x("ns/t1/r1"), true);
-        assert_conflict(&x("ns"), &s("ns/t1/r1"), true);
-        // Shared ancestor lets descendants be locked in any mode.
-        assert_conflict(&s("ns"), &x("ns/t1"), false);
-        assert_conflict(&s("ns"), &s("ns/t1"), false);
-        assert_conflict(&s("ns/t1"), &x("ns/t1/r1"), false);
-        // Siblings, and keys that only share a string prefix.
-        assert_conflict(&x("ns/t1"), &x("ns/t2"), false);
-        assert_conflict(&x("ns/t1"), &x("ns/t10"), false);
-        assert_conflict(&x("ns/t1"), &x("ns/t10/r1"), false);
-        assert_conflict(&x("ns"), &x("ns2"), false);
-    }
-
-    #[test]
-    fn invalid_keys_are_rejected() {
-        for key in ["", "/", "/ns", "ns/", "ns//t1", "//"] {
-            let err = Lock::shared(key).expect_err(key);
-            assert_eq!(err.key(), key);
-            assert!(err.to_string().contains("such as `ns`"), "{err}");
-            assert!(Lock::exclusive(key).is_err(), "{key}");
-        }
-        for key in ["ns", "ns/t1", "ns/t1/r7", "a b/c-d.e"] {
-            assert_eq!(Lock::shared(key).unwrap().key(), key);
-        }
-        assert!(
-            Lock::shared("ns//t1")
-                .unwrap_err()
-                .to_string()
-                .contains("empty segment")
-        );
-    }
-
-    #[test]
-    fn deserializing_checks_the_key() {
-        let lock = x("ns/t1");
-        let bytes = postcard::to_allocvec(&lock).unwrap();
-        assert_eq!(postcard::from_bytes::<Lock>(&bytes).unwrap(), lock);
-
-        #[derive(Serialize)]
-        struct Raw<'a> {
-            key: &'a str,
-            mode: LockMode,
-        }
-        let bad = postcard::to_allocvec(&Raw {
-            key: "ns/",
-            mode: LockMode::Shared,
-        })
-        .unwrap();
-        assert!(postcard::from_bytes::<Lock>(&bad).is_err());
     }
 
     /// HBase's example: p1 and p2 need exclusive A, p3 needs exclusive B.
@@ -1567,78 +1278,5 @@ mod tests {
         table.release(OWNERS + 2);
         assert!(table.holders().is_empty());
         assert!(table.waiters().is_empty());
-    }
-}
-
-/// How long a procedure holds its [`Locks`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum Hold {
-    /// From before its first step until it ends (rolled back included); re-taken after a
-    /// restart before it runs again. HBase's `holdLock = true`.
-    #[default]
-    ForLife,
-    /// Around each step only, released in between (while it waits for children, an event
-    /// or a retry).
-    PerStep,
-}
-
-/// The locks a procedure declares, by overriding the `locks` method of its handler trait.
-///
-/// Waiting for them parks the procedure without taking a worker; they are granted
-/// together (all or nothing) and first come, first served. Child procedures may take locks
-/// their ancestors hold.
-///
-/// The executor records them with the procedure when it is submitted, and a procedure
-/// that has started takes them from that record after a restart (its data is decoded
-/// only when it next runs): declare them from what the submit sets, not from fields a
-/// step changes.
-///
-/// ```
-/// use procflow::locks::{Hold, Lock, Locks};
-///
-/// let locks = Locks::new([Lock::shared("ns")?, Lock::exclusive("ns/users")?]);
-/// assert_eq!(locks.hold(), Hold::ForLife);
-/// assert_eq!(locks.per_step().hold(), Hold::PerStep);
-/// assert!(Locks::none().locks().is_empty());
-/// # Ok::<(), procflow::locks::LockKeyError>(())
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Locks {
-    locks: Vec<Lock>,
-    hold: Hold,
-}
-
-impl Locks {
-    /// No locks (the default).
-    #[must_use]
-    pub fn none() -> Self {
-        Self::default()
-    }
-
-    /// These locks, held for the procedure's life.
-    pub fn new(locks: impl IntoIterator<Item = Lock>) -> Self {
-        Self {
-            locks: locks.into_iter().collect(),
-            hold: Hold::ForLife,
-        }
-    }
-
-    /// The same locks, held around each step only.
-    #[must_use]
-    pub fn per_step(mut self) -> Self {
-        self.hold = Hold::PerStep;
-        self
-    }
-
-    /// The declared locks.
-    #[must_use]
-    pub fn locks(&self) -> &[Lock] {
-        &self.locks
-    }
-
-    /// How long they are held.
-    #[must_use]
-    pub fn hold(&self) -> Hold {
-        self.hold
     }
 }
