@@ -14,6 +14,7 @@ use super::timers;
 use super::wakes::WakeLog;
 use crate::locks::Hold;
 use crate::locks::LockTable;
+use crate::locks::restore::{self, Claim, GiveBack};
 use crate::operator::graph::MACHINE_PREFIX;
 use crate::stored::record::Wait;
 use crate::stored::record::{Envelope, FENCE_KEY, NEXT_ID_KEY, NONCE_PREFIX, records_locks};
@@ -161,7 +162,9 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
     /// [`ExecutorError::Store`] if the store cannot be read,
     /// [`ExecutorError::Fenced`] if the store has seen a higher fencing token than this
     /// executor's, [`ExecutorError::DuplicateMachine`] if two registered machines share a name,
-    /// [`ExecutorError::Metadata`] if the executor's own metadata is damaged.
+    /// [`ExecutorError::Metadata`] if the executor's own metadata is damaged,
+    /// [`ExecutorError::LockConflict`] if the store says two procedures hold conflicting
+    /// locks for life (a damaged store: nothing is started then).
     ///
     /// # Cancel safety
     ///
@@ -208,7 +211,7 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             requests_seen: std::sync::Mutex::default(),
             timers: Arc::default(),
         });
-        resume(&inner, &loaded, &self.aborted);
+        resume(&inner, &loaded, &self.aborted)?;
         let cleaner = Arc::clone(&inner);
         inner.tasks.spawn(cleanup::run(cleaner));
         inner.tasks.spawn(requests::poll(Arc::clone(&inner)));
@@ -290,16 +293,29 @@ fn table_from(loaded: &Loaded) -> Result<Table, ExecutorError> {
 /// Before any task starts, everything a task would otherwise set up on its own first run
 /// is in place, so nothing depends on the order tasks are polled in: every entry is in
 /// the table (a parent finds its children), every suspended procedure is registered on
-/// its event (a `wake` right after the start reaches it), and every procedure that held
-/// locks for life holds them again (no one else is granted a conflicting lock first).
-/// Operators' requests left in the store are handed to their procedures then too.
-fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, loaded: &Loaded, aborted: &[u64]) {
+/// its event (a `wake` right after the start reaches it), and every procedure whose record
+/// says it holds its locks for life holds them again (no one else is granted a
+/// conflicting lock first; see [`restore`]). Operators' requests left in the store are
+/// handed to their procedures then too.
+///
+/// # Errors
+///
+/// [`ExecutorError::LockConflict`] if two recorded holders conflict: no task has started.
+fn resume<E: Send + Sync + 'static>(
+    inner: &Arc<Inner<E>>,
+    loaded: &Loaded,
+    aborted: &[u64],
+) -> Result<(), ExecutorError> {
     let parents: HashMap<u64, Option<u64>> =
         loaded.records.iter().map(|r| (r.id, r.parent)).collect();
     // Oldest first: the order they took their locks in before the restart.
     let mut records: Vec<&Record> = loaded.records.iter().collect();
     records.sort_by_key(|record| record.id);
     let mut live = Vec::new();
+    // Recorded holders get their locks back as they come, guesses (records older than
+    // the field) after all of them; `guessed` says where those are in `live`.
+    let mut give_back = GiveBack::new(&inner.locks);
+    let mut guessed = HashMap::new();
     let mut roots = 0;
     for record in records {
         let Some(mut launch) = rebuild(inner, record, &parents) else {
@@ -317,10 +333,29 @@ fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, loaded: &Loaded, abor
         if let Wait::Event { name, .. } = &launch.envelope.wait {
             inner.table().listen(name, launch.id);
         }
-        launch.holding = restore_locks(inner, &launch);
+        if let Some(claim) = claim_of(&launch) {
+            let recorded = claim.recorded;
+            launch.holding = give_back.claim(claim);
+            if !recorded {
+                guessed.insert(launch.id, live.len());
+            }
+        }
         roots += usize::from(launch.parent.is_none());
         // A dormant one drops its decoded parts here, before the next is decoded.
         live.push(Resumed::new(inner, launch, record.value.clone()));
+    }
+    let (granted, conflicts) = give_back.finish();
+    if let Some(conflict) = conflicts.into_iter().next() {
+        return Err(ExecutorError::LockConflict {
+            holder: conflict.holder,
+            claimant: conflict.claimant,
+            lock: conflict.lock,
+        });
+    }
+    for id in granted {
+        if let Some(&index) = guessed.get(&id) {
+            live[index].set_holding();
+        }
     }
     inner
         .live_roots
@@ -334,37 +369,41 @@ fn resume<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, loaded: &Loaded, abor
     for resumed in live {
         resumed.start(inner);
     }
+    Ok(())
 }
 
-/// Gives a procedure that held its locks for life before the restart its locks back;
-/// returns whether it holds them now. A procedure holds them from before its first step:
-/// one that has taken a step, waits, or rolls back held them.
-fn restore_locks<E>(inner: &Inner<E>, launch: &Launch<E>) -> bool {
-    let Ok(locks) = launch.locks() else {
-        return false;
+/// What a procedure loaded at start claims of its locks: for one that holds them for
+/// life, whether its record says it holds them, or, for a record older than that field,
+/// a guess if it has started. `None`: it holds nothing (it queues as it runs).
+fn claim_of<E>(launch: &Launch<E>) -> Option<Claim> {
+    let locks = launch.locks().ok()?;
+    if locks.hold() != Hold::ForLife || locks.locks().is_empty() {
+        return None;
+    }
+    let recorded = match launch.envelope.holds_locks {
+        Some(holds) => holds,
+        None if has_started(launch.procedure.as_ref(), &launch.envelope) => false,
+        None => return None,
     };
-    let started = has_started(launch.procedure.as_ref(), &launch.envelope);
-    if locks.hold() != Hold::ForLife || locks.locks().is_empty() || !started {
-        return false;
+    if launch.envelope.holds_locks == Some(false) {
+        return None;
     }
-    if !inner
-        .locks
-        .restore(launch.id, &launch.ancestors, locks.locks())
-    {
-        tracing::error!(
-            id = launch.id,
-            "the store holds two procedures in one exclusive lock's life; both keep it"
-        );
-    }
-    true
+    Some(Claim {
+        owner: launch.id,
+        ancestors: launch.ancestors.clone(),
+        locks: locks.locks().to_vec(),
+        recorded,
+    })
 }
 
-/// Whether a procedure has started: it took a step, waits, or rolls back. One that has
-/// not takes its locks before its first step; one that has, held them.
+/// Whether a procedure has started: it took a step, waits, or rolls back
+/// ([`restore::may_have_taken`]).
 fn has_started<E>(procedure: &dyn DynProcedure<E>, envelope: &Envelope) -> bool {
-    procedure.steps() > 0
-        || envelope.wait != Wait::Ready
-        || !matches!(procedure.phase(), crate::Phase::Running)
+    restore::may_have_taken(
+        procedure.steps(),
+        envelope.wait != Wait::Ready,
+        matches!(procedure.phase(), crate::Phase::Running),
+    )
 }
 
 /// Whether a live procedure's data is decoded at start rather than when it next runs:
@@ -425,15 +464,7 @@ fn rebuild<E: Send + Sync + 'static>(
     record: &Record,
     parents: &HashMap<u64, Option<u64>>,
 ) -> Option<Launch<E>> {
-    let mut ancestors = Vec::new();
-    let mut at = record.parent;
-    while let Some(parent) = at {
-        if ancestors.contains(&parent) {
-            break; // A damaged parent chain must not loop forever.
-        }
-        ancestors.push(parent);
-        at = parents.get(&parent).copied().flatten();
-    }
+    let ancestors = restore::ancestors(record.id, parents);
     let stored = launch_stored(
         inner,
         record.id,

@@ -52,6 +52,23 @@ pub enum ExecutorError {
     /// Two registered machines share a stable name.
     #[error("two machines are registered under the name `{0}`; give one a `name = \"..\"`")]
     DuplicateMachine(&'static str),
+    /// The store says two live procedures hold conflicting locks for life. procflow never
+    /// grants that, so the store was damaged (altered by hand, or records lost); the
+    /// executor does not start rather than let both run under one lock. Nothing was
+    /// written.
+    #[error(
+        "the store is damaged: procedures {holder} and {claimant} both hold locks for life that \
+         conflict (`{lock}` of {claimant}); procflow never grants that, so the executor does \
+         not start rather than let both run under it"
+    )]
+    LockConflict {
+        /// The one given its locks back first (the older).
+        holder: ProcedureId,
+        /// The one whose lock conflicts with the holder's.
+        claimant: ProcedureId,
+        /// The claimant's lock in the holder's way.
+        lock: crate::locks::Lock,
+    },
     /// The executor's own metadata in the store cannot be read.
     #[error("cannot read the executor metadata `{key}` in the store")]
     Metadata {

@@ -32,6 +32,9 @@ pub enum WriteKind {
     Cleanup,
     /// An operator's request was stored, or deleted once carried out.
     Request,
+    /// The procedure was granted the locks it holds for life: recorded before the first
+    /// step that runs under them, so a restart gives them back to it.
+    Lock,
 }
 
 /// One store write, as a [`KillHook`] sees it.

@@ -7,7 +7,7 @@
 //! checks what it waits for itself, so a stale or early entry costs one look and never
 //! needs removing.
 
-use super::inner::Inner;
+use super::inner::{Inner, Mode};
 use crate::stored::record::now_ms;
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -73,6 +73,10 @@ pub(crate) async fn run<E: Send + Sync + 'static>(timers: Arc<Timers>, inner: We
             }
             (next, inner.mode.subscribe())
         };
+        // `wait_for` looks at the mode first: a stop that landed between the check above
+        // and `subscribe` (a receiver starts with the current mode marked seen, so
+        // `changed` would wait for a change that already happened) ends the sleep at once.
+        let stopped = stopping.wait_for(|mode| !matches!(mode, Mode::Running));
         let sleep = async {
             match next {
                 Some(next) => tokio::time::sleep(next).await,
@@ -83,8 +87,7 @@ pub(crate) async fn run<E: Send + Sync + 'static>(timers: Arc<Timers>, inner: We
         tokio::select! {
             () = sleep => {}
             () = timers.earlier.notified() => {}
-            // The mode only moves away from running: any change is a stop.
-            _ = stopping.changed() => {}
+            _ = stopped => {}
         }
     }
 }

@@ -218,28 +218,39 @@ impl Held {
     /// Each set of holders is searched only up to its first foreign owner: at most the
     /// requester and its ancestors come before it.
     fn blocks(&self, request: &Request, lock: &Lock) -> bool {
-        let foreign =
-            |holders: &BTreeMap<u64, u64>| holders.values().any(|&owner| request.is_foreign(owner));
+        self.blocker(request, lock).is_some()
+    }
+
+    /// The first owner foreign to `request` whose held lock conflicts with `lock`, one of
+    /// the request's locks, if there is one.
+    fn blocker(&self, request: &Request, lock: &Lock) -> Option<u64> {
+        let foreign = |holders: &BTreeMap<u64, u64>| {
+            holders
+                .values()
+                .copied()
+                .find(|&owner| request.is_foreign(owner))
+        };
         let exclusive = lock.mode() == LockMode::Exclusive;
         // The key itself: two shared locks are the only pair that does not conflict.
         let on_key = || {
-            self.by_key
-                .get(lock.key())
-                .is_some_and(|h| foreign(&h.exclusive) || (exclusive && foreign(&h.shared)))
+            let holders = self.by_key.get(lock.key())?;
+            foreign(&holders.exclusive)
+                .or_else(|| exclusive.then(|| foreign(&holders.shared)).flatten())
         };
         // Keys above it: only exclusive locks cover what is below them.
         let above = || {
             ancestor_keys(lock.key())
-                .any(|key| self.by_key.get(key).is_some_and(|h| foreign(&h.exclusive)))
+                .find_map(|key| self.by_key.get(key).and_then(|h| foreign(&h.exclusive)))
         };
         // Keys below it: an exclusive lock covers them, whatever their mode.
         let below = || {
-            exclusive
-                && self
-                    .descendants(lock.key())
-                    .any(|h| foreign(&h.exclusive) || foreign(&h.shared))
+            if !exclusive {
+                return None;
+            }
+            self.descendants(lock.key())
+                .find_map(|h| foreign(&h.exclusive).or_else(|| foreign(&h.shared)))
         };
-        on_key() || above() || below()
+        on_key().or_else(above).or_else(below)
     }
 
     /// The holders of the keys strictly below `key`.
@@ -455,18 +466,30 @@ impl LockTable {
 
     /// Gives `owner` back the locks it held for life before a restart, ahead of every
     /// request not yet made: called while the executor starts, before any procedure runs,
-    /// so no one else can be granted a conflicting lock inside the holder's life.
+    /// so no one else can be granted a conflicting lock inside the holder's life (see
+    /// [`restore`](super::restore) for the rules).
     ///
-    /// Holders never conflicted before the crash, so none should now; if the store says
-    /// otherwise (two holders of one exclusive lock), the grant still happens and the
-    /// conflict is returned, for the caller to report.
-    pub(crate) fn restore(&self, owner: u64, ancestors: &[u64], locks: &[Lock]) -> bool {
+    /// Only the holders count (no request waits yet). If one of them holds a lock that
+    /// conflicts with `locks`, nothing is granted and that holder is returned: two
+    /// procedures never hold conflicting locks, not even when a store says they did.
+    pub(crate) fn restore(
+        &self,
+        owner: u64,
+        ancestors: &[u64],
+        locks: &[Lock],
+    ) -> Result<(), (u64, Lock)> {
         let request = Request::new(owner, ancestors, locks);
         let mut state = self.state();
-        let conflict = !request.grantable(&state.held, &state.waiting);
+        let conflict = request
+            .locks
+            .iter()
+            .find_map(|lock| Some((state.held.blocker(&request, lock)?, lock.clone())));
+        if let Some(conflict) = conflict {
+            return Err(conflict);
+        }
         let ticket = state.take_ticket();
         state.grant(ticket, request);
-        !conflict
+        Ok(())
     }
 
     #[cfg(test)]
@@ -1057,10 +1080,13 @@ mod tests {
             }
         }
 
+        /// A restore looks at the holders only, and grants nothing on a conflict.
         fn restore(&mut self, owner: u64, ancestors: &[u64], locks: &[Lock]) -> bool {
-            let ok = !self.blocked(owner, ancestors, locks, self.waiting.len());
-            let ticket = self.take_ticket();
-            self.grant(ticket, owner, locks);
+            let ok = !self.blocked(owner, ancestors, locks, 0);
+            if ok {
+                let ticket = self.take_ticket();
+                self.grant(ticket, owner, locks);
+            }
             ok
         }
 
@@ -1157,7 +1183,18 @@ mod tests {
                     }
                     8 => {
                         let (ancestors, locks) = random_request(&mut rng, owner, OWNERS);
-                        let ok = table.restore(owner, &ancestors, &locks);
+                        let restored = table.restore(owner, &ancestors, &locks);
+                        if let Err((holder, lock)) = &restored {
+                            // The one it names holds a lock in the way.
+                            assert!(holder != &owner && !ancestors.contains(holder));
+                            let held = model.holders();
+                            assert!(
+                                held.iter()
+                                    .any(|(o, l)| o == holder && l.conflicts_with(lock)),
+                                "{context}"
+                            );
+                        }
+                        let ok = restored.is_ok();
                         assert_eq!(ok, model.restore(owner, &ancestors, &locks), "{context}");
                         restore_conflicts += usize::from(!ok);
                         Vec::new()
@@ -1226,7 +1263,7 @@ mod tests {
             let locks = [s("acct"), account(n)];
             // Half restored after a restart, half acquired.
             if n % 2 == 0 {
-                assert!(table.restore(n, &[], &locks), "{n}");
+                assert!(table.restore(n, &[], &locks).is_ok(), "{n}");
             } else {
                 assert!(
                     poll_once(pin!(table.acquire(n, &[], &locks))).is_ready(),

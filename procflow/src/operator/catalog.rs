@@ -4,11 +4,14 @@ use super::graph::{MACHINE_PREFIX, MachineGraph, PathOnGraph};
 use super::record::ProcedureRecord;
 use crate::ProcedureId;
 use crate::locks::Lock;
+use crate::locks::LockTable;
+use crate::locks::restore::{Claim, ancestors, give_back};
 use crate::stored::history::StepOutcome;
 use crate::stored::requests::{self, Action, Request};
 use procflow_store::{Loaded, Store, StoreError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::collections::{HashMap, HashSet};
 
 /// What a store holds, for operators: every procedure's [`ProcedureRecord`], the graph of
 /// every machine an executor ran on it, and the operators' requests not yet carried out.
@@ -46,13 +49,22 @@ impl Catalog {
     #[must_use]
     pub fn from_loaded(loaded: &Loaded) -> Self {
         let mut catalog = Self::default();
+        let mut guessed = HashSet::new();
         for record in &loaded.records {
-            match ProcedureRecord::from_record(record) {
-                Ok(read) => catalog.records.push(read),
+            match ProcedureRecord::read(record) {
+                Ok((read, guess)) => {
+                    if guess {
+                        guessed.insert(read.id.get());
+                    }
+                    catalog.records.push(read);
+                }
                 Err(reason) => catalog
                     .unreadable
                     .push((ProcedureId::new(record.id), reason)),
             }
+        }
+        if !guessed.is_empty() {
+            catalog.settle_guesses(&guessed);
         }
         let mut children: BTreeMap<ProcedureId, Vec<ProcedureId>> = BTreeMap::new();
         for record in &catalog.records {
@@ -86,6 +98,31 @@ impl Catalog {
             }
         }
         catalog
+    }
+
+    /// Settles the lock holders of records older than the field that says: as a restart
+    /// does, a guess holds only what no recorded holder (nor an older guess) holds.
+    fn settle_guesses(&mut self, guessed: &HashSet<u64>) {
+        let parents: HashMap<u64, Option<u64>> = self
+            .records
+            .iter()
+            .map(|r| (r.id.get(), r.parent.map(ProcedureId::get)))
+            .collect();
+        let claims = self.records.iter().filter(|r| r.holds_locks).map(|r| {
+            let owner = r.id.get();
+            Claim {
+                owner,
+                ancestors: ancestors(owner, &parents),
+                locks: r.locks.clone(),
+                recorded: !guessed.contains(&owner),
+            }
+        });
+        let (holders, _) = give_back(&LockTable::new(), claims);
+        for record in &mut self.records {
+            if guessed.contains(&record.id.get()) {
+                record.holds_locks = holders.contains(&record.id.get());
+            }
+        }
     }
 
     /// Every readable procedure, by id.

@@ -6,6 +6,7 @@ use super::ser;
 use crate::codec;
 use crate::executor::Status;
 use crate::executor::status::status_of;
+use crate::locks::restore::may_have_taken;
 use crate::locks::{Hold, Lock};
 use crate::stored::history::time_of;
 use crate::stored::record::{Envelope, Wait};
@@ -111,8 +112,9 @@ pub struct ProcedureRecord {
     pub locks: Vec<Lock>,
     /// How long it holds them.
     pub hold: Hold,
-    /// Whether it holds its locks now. At rest: whether it will hold them again first
-    /// thing after a restart (it holds them for life and has started).
+    /// Whether it holds its locks now. At rest: what its record says, which is what a
+    /// restart gives back (for a record written before procflow stored it: whether it
+    /// has started and no other procedure holds what it needs, as a restart decides).
     pub holds_locks: bool,
     /// Whether it waits for its locks (live only).
     pub waits_for_locks: bool,
@@ -139,6 +141,14 @@ impl ProcedureRecord {
     /// Why the bytes cannot be read (a damaged record, or one written by a newer
     /// procflow).
     pub fn from_record(record: &Record) -> Result<Self, String> {
+        Self::read(record).map(|(read, _)| read)
+    }
+
+    /// [`from_record`](Self::from_record), and whether `holds_locks` is a guess: the
+    /// record is older than the field that says, and the procedure has started, so it
+    /// may hold them. A [`Catalog`](super::Catalog) settles guesses as a restart does
+    /// (`locks::restore`).
+    pub(crate) fn read(record: &Record) -> Result<(Self, bool), String> {
         let (envelope, snapshot) = Envelope::decode(&record.value)?;
         let machine = codec::machine_name(snapshot).map_err(|e| e.to_string())?;
         let (cursor, _) = codec::read_cursor(snapshot, &machine).map_err(|e| e.to_string())?;
@@ -153,14 +163,16 @@ impl ProcedureRecord {
                 };
             }
         }
-        let started = cursor.steps > 0
-            || envelope.wait != Wait::Ready
-            || !matches!(cursor.phase, crate::Phase::Running);
-        let holds_locks = started
-            && envelope.hold == Hold::ForLife
-            && !envelope.locks.is_empty()
-            && !status.is_finished();
-        Ok(Self {
+        let may_hold =
+            envelope.hold == Hold::ForLife && !envelope.locks.is_empty() && !status.is_finished();
+        let guessed = envelope.holds_locks.is_none()
+            && may_have_taken(
+                cursor.steps,
+                envelope.wait != Wait::Ready,
+                matches!(cursor.phase, crate::Phase::Running),
+            );
+        let holds_locks = may_hold && (envelope.holds_locks == Some(true) || guessed);
+        let read = Self {
             id: ProcedureId::new(record.id),
             machine: machine.into_owned(),
             parent: record.parent.map(ProcedureId::new),
@@ -191,7 +203,8 @@ impl ProcedureRecord {
                 reason: b.reason.clone(),
                 at: time_of(b.at_ms),
             }),
-        })
+        };
+        Ok((read, holds_locks && guessed))
     }
 }
 

@@ -21,8 +21,9 @@ use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 
 /// The version byte that starts every envelope. Version 1 (no update time, locks,
-/// trouble, requests or history) is still read.
-pub(crate) const ENVELOPE_VERSION: u8 = 2;
+/// trouble, requests or history) and version 2 (no record of whether the procedure holds
+/// its locks) are still read.
+pub(crate) const ENVELOPE_VERSION: u8 = 3;
 
 /// The first envelope version that records the procedure's locks.
 const LOCKS_SINCE: u8 = 2;
@@ -118,6 +119,12 @@ pub(crate) struct Envelope {
     pub(crate) trouble: Option<Box<Trouble>>,
     /// Set when an operator bypassed it (it is then finished).
     pub(crate) bypass: Option<Box<BypassMark>>,
+    // Version 3 from here.
+    /// Whether the procedure held its locks for life when this record was written: a
+    /// restart gives them back to exactly these procedures (`locks::restore`). Stored as
+    /// a `bool`; `None` only for a record of an older version, which did not say.
+    #[serde(with = "stored_bool")]
+    pub(crate) holds_locks: Option<bool>,
     /// The last field, and the one serialization leaves out: [`Envelope::encode`]
     /// appends it from the encoding the history keeps (see [`History::write_to`]).
     #[serde(serialize_with = "appended_by_encode")]
@@ -128,6 +135,60 @@ pub(crate) struct Envelope {
 /// history after the other fields.
 fn appended_by_encode<S: serde::Serializer>(_: &History, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_unit()
+}
+
+/// [`Envelope::holds_locks`] on disk: a plain `bool` (every record this version writes
+/// says), read back as `Some`.
+mod stored_bool {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(value: &Option<bool>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bool(value.unwrap_or(false))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
+        bool::deserialize(d).map(Some)
+    }
+}
+
+/// Envelope version 2, as stores written before version 3 hold it: version 3's fields but
+/// [`Envelope::holds_locks`].
+#[derive(Deserialize)]
+struct EnvelopeV2 {
+    _version: u8,
+    wait: Wait,
+    nonce: Option<String>,
+    submitted_ms: u64,
+    finished_ms: Option<u64>,
+    deadline_ms: Option<u64>,
+    spawns: Vec<Spawn>,
+    updated_ms: u64,
+    locks: Vec<Lock>,
+    hold: Hold,
+    trouble: Option<Box<Trouble>>,
+    bypass: Option<Box<BypassMark>>,
+    history: History,
+}
+
+impl From<EnvelopeV2> for Envelope {
+    fn from(v2: EnvelopeV2) -> Self {
+        Self {
+            version: ENVELOPE_VERSION,
+            wait: v2.wait,
+            nonce: v2.nonce,
+            submitted_ms: v2.submitted_ms,
+            finished_ms: v2.finished_ms,
+            deadline_ms: v2.deadline_ms,
+            spawns: v2.spawns,
+            updated_ms: v2.updated_ms,
+            locks: v2.locks,
+            hold: v2.hold,
+            trouble: v2.trouble,
+            bypass: v2.bypass,
+            holds_locks: None,
+            history: v2.history,
+        }
+    }
 }
 
 /// Envelope version 1, as stores written before version 2 hold it.
@@ -152,6 +213,7 @@ impl From<EnvelopeV1> for Envelope {
             deadline_ms: v1.deadline_ms,
             spawns: v1.spawns,
             updated_ms: v1.finished_ms.unwrap_or(v1.submitted_ms),
+            holds_locks: None,
             ..Self::new(None, None, &Locks::none())
         }
     }
@@ -173,6 +235,7 @@ impl Envelope {
             hold: locks.hold(),
             trouble: None,
             bypass: None,
+            holds_locks: Some(false),
             history: History::default(),
         }
     }
@@ -261,6 +324,11 @@ impl Envelope {
                     postcard::take_from_bytes::<EnvelopeV1>(bytes).map_err(unreadable)?;
                 Ok((v1.into(), snapshot))
             }
+            Some(2) => {
+                let (v2, snapshot) =
+                    postcard::take_from_bytes::<EnvelopeV2>(bytes).map_err(unreadable)?;
+                Ok((v2.into(), snapshot))
+            }
             Some(&ENVELOPE_VERSION) => postcard::take_from_bytes::<Self>(bytes).map_err(unreadable),
             Some(version) => Err(format!(
                 "envelope version {version} is not supported (this procflow reads 1 to {ENVELOPE_VERSION})"
@@ -341,6 +409,48 @@ mod tests {
         assert_eq!(envelope.updated_ms, 2_000);
         assert_eq!(envelope.history.len(), 0);
         assert_eq!(rest, b"snapshot");
-        assert!(Envelope::decode(&[3, 0]).unwrap_err().contains("version 3"));
+        assert!(Envelope::decode(&[4, 0]).unwrap_err().contains("version 4"));
+    }
+
+    #[test]
+    fn version_2_envelopes_are_read_as_not_saying_whether_they_hold_their_locks() {
+        let lock = Lock::exclusive("ns/t1").unwrap();
+        let mut history = History::default();
+        history.push(
+            Mark {
+                state: "Prepare".into(),
+                kind: StepKind::Execute,
+                after_ms: 5,
+                outcome: StepOutcome::Moved,
+            },
+            8,
+        );
+        // Version 2's fields, as a release before version 3 wrote them.
+        let v2 = (
+            (2u8, Wait::Ready, None::<String>, 1_000u64, None::<u64>),
+            (
+                None::<u64>,
+                Vec::<Spawn>::new(),
+                1_500u64,
+                vec![lock.clone()],
+            ),
+            (Hold::ForLife, None::<Trouble>, None::<BypassMark>, &history),
+        );
+        let mut bytes = postcard::to_stdvec(&v2).unwrap();
+        bytes.extend_from_slice(b"snapshot");
+        let (envelope, rest) = Envelope::decode(&bytes).unwrap();
+        assert_eq!(rest, b"snapshot");
+        assert_eq!(
+            envelope.holds_locks, None,
+            "a version 2 record does not say"
+        );
+        assert_eq!(envelope.locks, [lock]);
+        assert_eq!(envelope.updated_ms, 1_500);
+        assert_eq!(envelope.history, history);
+        // Written again, it says, as a `bool`.
+        let mut again = envelope;
+        again.holds_locks = Some(true);
+        let bytes = again.encode(Ok).unwrap();
+        assert_eq!(Envelope::decode(&bytes).unwrap().0.holds_locks, Some(true));
     }
 }

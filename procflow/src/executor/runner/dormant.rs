@@ -214,6 +214,11 @@ impl<E: Send + Sync + 'static> Reload<E> {
         })
     }
 
+    /// Marks it as holding its locks (given back at start).
+    pub(super) fn set_holding(&mut self) {
+        self.holding = true;
+    }
+
     /// Parks it at once, out of the admission count, until roused or `until_ms`; if it
     /// must not sleep, it runs.
     pub(super) fn park(self: Box<Self>, until_ms: Option<u64>) {

@@ -98,6 +98,15 @@ impl<E: Send + Sync + 'static> Resumed<E> {
         }
     }
 
+    /// Marks it as holding its locks again (a guess granted once every recorded holder
+    /// had its locks back; see `locks::restore`).
+    pub(crate) fn set_holding(&mut self) {
+        match self {
+            Self::Dormant { reload, .. } => reload.set_holding(),
+            Self::Runnable(launch, _) => launch.holding = true,
+        }
+    }
+
     /// Parks it (a wake, an abort or a due time rouses it as it would a task that
     /// parked), or spawns its task.
     pub(crate) fn start(self, inner: &Arc<Inner<E>>) {
@@ -367,6 +376,12 @@ impl<E: Send + Sync + 'static> Runner<E> {
         if !self.holds_locks() && !Box::pin(self.take_locks()).await? {
             return Ok(()); // Interrupted while waiting: it is rolling back now.
         }
+        if self.grant_unrecorded() {
+            // One write per grant, before anything runs under it: a restart gives the
+            // locks back to the procedures whose record says they hold them, and to no
+            // one else (`locks::restore`).
+            return self.persist(WriteKind::Lock).await;
+        }
         let progress = self.run_step().await?;
         if self.inner.is_halted() {
             // Killed while the step ran: its effect happened, its result is not persisted.
@@ -380,6 +395,17 @@ impl<E: Send + Sync + 'static> Runner<E> {
             self.release_locks();
         }
         result
+    }
+
+    /// Whether it holds its declared locks for life now (not per step, not none).
+    fn holds_for_life(&self) -> bool {
+        self.holding
+            && matches!(&self.locks, Ok(locks) if locks.hold() == Hold::ForLife && !locks.locks().is_empty())
+    }
+
+    /// Whether it holds its locks for life and its last record does not say so yet.
+    fn grant_unrecorded(&self) -> bool {
+        self.holds_for_life() && self.envelope.holds_locks != Some(true)
     }
 
     /// Gives back the locks it holds, and withdraws a request it queued.
@@ -756,6 +782,10 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// The stored form of the procedure. Data that cannot be serialized cannot be made
     /// durable: the procedure goes back to its last stored step, as for a refused write.
     async fn encode(&mut self) -> Result<Vec<u8>, Exit> {
+        // What a restart gives back: a finished procedure holds nothing (it gives its
+        // locks back right after this write).
+        self.envelope.holds_locks =
+            Some(self.holds_for_life() && self.envelope.finished_ms.is_none());
         match self.envelope.encode(|out| self.procedure.encode_into(out)) {
             Ok(value) => Ok(value),
             Err(error) => {
