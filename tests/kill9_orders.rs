@@ -22,8 +22,14 @@
 //!    an abort may interrupt it after it partly acted (or between steps: the executor
 //!    cannot tell after a restart), and its undo handler runs then, idempotently. An undo
 //!    of any later state is an undo of something never reached: a violation.
-//! 6. **For-life locks**: in each `locks/<key>` file, no line of another owner between a
-//!    for-life holder's first and last line (it holds the key across kills and restarts).
+//! 6. **Exclusive locks**: in each `locks/<key>` file, no line of another owner inside a
+//!    stretch in which an owner held the key (see `order_worker`'s lock lines): a step of a
+//!    per-step locker, the whole life of an order holding it for life (across kills and
+//!    restarts: a restart must give it back to its holder, never to a second owner), and
+//!    for an item holding it for life its forward run, then, once it succeeded and was
+//!    revived to roll back, its rollback (it gave the key back in between). Items of
+//!    different orders contend for one key (`stock/s4`) while their orders fail and revive
+//!    them, and while siblings queued for it are stopped.
 //!
 //! The checker is tested on hand-made bad logs below, and
 //! `checker_catches_a_broken_worker` runs the workload with `--break-idempotence
@@ -135,10 +141,7 @@ fn checker_catches_a_broken_worker() {
     let seed = kill_loop::seed(0x0dde_5eed);
     let problems = kill_and_check(seed, &["--break-idempotence", "--break-locks"]);
     let duplicates = problems.iter().filter(|p| p.contains("twice")).count();
-    let intrusions = problems
-        .iter()
-        .filter(|p| p.contains("for-life span"))
-        .count();
+    let intrusions = problems.iter().filter(|p| p.contains("lock span")).count();
     println!("{duplicates} duplicates, {intrusions} lock intrusions");
     assert!(duplicates > 0 && intrusions > 0, "{problems:#?}");
 }
@@ -149,8 +152,6 @@ struct Planned {
     name: String,
     kind: String,
     expect: String,
-    /// The key it holds for life.
-    life: Option<String>,
     /// The order itself first, then its items.
     procs: Vec<String>,
 }
@@ -170,7 +171,6 @@ fn parse_plan(text: &str) -> Vec<Planned> {
                 name: words[0].to_owned(),
                 kind: words[1].to_owned(),
                 expect: field("expect").to_owned(),
-                life: Some(field("life")).filter(|k| *k != "-").map(str::to_owned),
                 procs: field("procs").split(',').map(str::to_owned).collect(),
             }
         })
@@ -192,16 +192,34 @@ fn check_dir(dir: &Path) -> Vec<String> {
         problems.extend(found);
     }
     println!("outcomes by kind: {outcomes:?}");
-    let life: BTreeSet<&str> = plan
-        .iter()
-        .filter(|o| o.life.is_some())
-        .map(|o| o.name.as_str())
-        .collect();
+    let revived = revived_items(dir, &plan);
     for entry in std::fs::read_dir(dir.join("locks")).expect("the lock lines") {
         let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
-        problems.extend(check_locks(&text, &life));
+        problems.extend(check_locks(&text, &revived));
     }
     problems
+}
+
+/// The items that succeeded (did their last state) and were then undone: revived by
+/// their order, they gave their key back in between.
+fn revived_items(dir: &Path, plan: &[Planned]) -> BTreeSet<String> {
+    let mut revived = BTreeSet::new();
+    for order in plan {
+        let text =
+            std::fs::read_to_string(dir.join("effects").join(&order.name)).unwrap_or_default();
+        let effects = parse_effects(&text);
+        for item in order.procs.iter().filter(|p| p.contains('.')) {
+            let did = |verb: &str, state: Option<&str>| {
+                effects.iter().any(|e| {
+                    e.verb == verb && e.proc == item.as_str() && state.is_none_or(|s| e.state == s)
+                })
+            };
+            if did("do", Some("Label")) && did("undo", None) {
+                revived.insert(item.clone());
+            }
+        }
+    }
+    revived
 }
 
 /// One line of an effect file.
@@ -415,29 +433,40 @@ fn check_tree_order(order: &Planned, effects: &[Effect<'_>]) -> Vec<String> {
         .collect()
 }
 
-/// Check 6 on one key's lines: no other owner inside a for-life holder's span.
-fn check_locks(text: &str, life: &BTreeSet<&str>) -> Vec<String> {
-    let lines: Vec<(&str, &str)> = text
+/// Check 6 on one key's lines (`<key> <owner> <span>`): no other owner inside any span.
+/// A span is every line of one owner and span name, first to last; an item not in
+/// `revived` holds its key for life through `fwd` and `undo` alike (one span).
+fn check_locks(text: &str, revived: &BTreeSet<String>) -> Vec<String> {
+    let lines: Vec<(&str, &str, String)> = text
         .lines()
-        .filter_map(|line| line.split_once(' '))
+        .filter_map(|line| {
+            let mut words = line.split(' ');
+            let (key, owner, span) = (words.next()?, words.next()?, words.next()?);
+            let span = match span {
+                "fwd" | "undo" if !revived.contains(owner) => "life".to_owned(),
+                other => other.to_owned(),
+            };
+            Some((key, owner, span))
+        })
         .collect();
+    let mut spans: BTreeMap<(&str, &str), (usize, usize)> = BTreeMap::new();
+    for (i, (_, owner, span)) in lines.iter().enumerate() {
+        spans
+            .entry((owner, span.as_str()))
+            .and_modify(|(_, last)| *last = i)
+            .or_insert((i, i));
+    }
     let mut problems = Vec::new();
-    for holder in life {
-        let mine: Vec<usize> = (0..lines.len())
-            .filter(|&i| lines[i].1 == *holder)
-            .collect();
-        let (Some(&first), Some(&last)) = (mine.first(), mine.last()) else {
-            continue;
-        };
+    for ((holder, span), (first, last)) in spans {
         let intruders: BTreeSet<&str> = lines[first..=last]
             .iter()
-            .map(|(_, owner)| *owner)
-            .filter(|owner| owner != holder)
+            .map(|(_, owner, _)| *owner)
+            .filter(|owner| *owner != holder)
             .collect();
         for intruder in intruders {
             let key = lines[first].0;
             problems.push(format!(
-                "[6 lock span] {key}: {intruder} wrote inside {holder}'s for-life span (lines {}..={})",
+                "[6 lock span] {key}: {intruder} wrote inside {holder}'s `{span}` lock span (lines {}..={})",
                 first + 1,
                 last + 1
             ));
@@ -455,7 +484,6 @@ mod checker {
             name: "o1".into(),
             kind: "test".into(),
             expect: expect.into(),
-            life: None,
             procs: std::iter::once("o1")
                 .chain(items.iter().copied())
                 .map(str::to_owned)
@@ -612,15 +640,39 @@ mod checker {
     }
 
     #[test]
-    fn a_line_inside_a_for_life_span_is_caught() {
-        let life = BTreeSet::from(["o5"]);
-        let good = "sku/0 o6\nsku/0 o6\nsku/0 o5\nsku/0 o5\nsku/0 o5\nsku/0 o7\n";
-        assert_eq!(check_locks(good, &life), Vec::<String>::new());
-        let bad = "sku/0 o5\nsku/0 o5\nsku/0 o6\nsku/0 o6\nsku/0 o5\n";
-        let found = check_locks(bad, &life);
+    fn a_line_inside_a_lock_span_is_caught() {
+        let none = BTreeSet::new();
+        let good = "sku/0 o6 step-Reserve-1\nsku/0 o6 step-Reserve-1\nsku/0 o5 life\n\
+                    sku/0 o5 life\nsku/0 o5 life\nsku/0 o7 step-Ship-2\n";
+        assert_eq!(check_locks(good, &none), Vec::<String>::new());
+        let bad = "sku/0 o5 life\nsku/0 o5 life\nsku/0 o6 step-Fulfil-1\n\
+                   sku/0 o6 step-Fulfil-1\nsku/0 o5 life\n";
+        let found = check_locks(bad, &none);
         assert_eq!(
             found,
-            ["[6 lock span] sku/0: o6 wrote inside o5's for-life span (lines 1..=5)"]
+            ["[6 lock span] sku/0: o6 wrote inside o5's `life` lock span (lines 1..=5)"]
         );
+        // A per-step span: another owner inside one step.
+        let bad = "sku/1 o6 step-Fulfil-1\nsku/1 o8 step-Charge-1\nsku/1 o6 step-Fulfil-1\n";
+        let found = check_locks(bad, &none);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("o8 wrote inside o6's `step-Fulfil-1`"));
+    }
+
+    #[test]
+    fn a_revived_item_gives_its_key_back_between_its_two_spans() {
+        let log = "stock/s4 o1.i0 fwd\nstock/s4 o1.i0 fwd\nstock/s4 o2.i0 fwd\n\
+                   stock/s4 o2.i0 fwd\nstock/s4 o1.i0 undo\nstock/s4 o1.i0 undo\n";
+        let revived = BTreeSet::from(["o1.i0".to_owned()]);
+        assert_eq!(check_locks(log, &revived), Vec::<String>::new());
+        // Not revived (it rolled back while holding): one span, and o2.i0 is inside it.
+        let found = check_locks(log, &BTreeSet::new());
+        assert_eq!(
+            found,
+            ["[6 lock span] stock/s4: o2.i0 wrote inside o1.i0's `life` lock span (lines 1..=6)"]
+        );
+        // Two owners inside one rollback span: the bug of issue 29.
+        let log = "stock/s4 o1.i0 undo\nstock/s4 o2.i0 fwd\nstock/s4 o1.i0 undo\n";
+        assert_eq!(check_locks(log, &revived).len(), 1);
     }
 }

@@ -28,6 +28,8 @@
 //! | `step-lock` | the same keys, exclusive per step | succeeded |
 //! | `cancelled` | `AwaitPayment` waits for `never-<order>` until the driver aborts the order (again at each restart: an abort is not persisted) | rolled back |
 //! | `stuck` | `Ship` (`#[no_rollback]`) fails fatally: the order must become `Stuck`, visibly, not retry forever | stuck |
+//! | `stock-undo` | two or three items, each holding the exclusive `stock/s4` for life (items of every `stock-*` order contend for it); `Charge` fails, so the items that succeeded (and released the key) are revived to roll back, and queue for the key again behind other orders' items | rolled back |
+//! | `stock-stop` | three items on `stock/s4` for life; one fails at `Pick`, so its siblings are stopped, most of them while queued for the key | rolled back |
 //!
 //! # Effects (outside the store)
 //!
@@ -37,10 +39,15 @@
 //!   order ended. Every write is idempotent (a line already in the file is not written
 //!   again), so a step re-run after a kill leaves no duplicate; `--break-idempotence`
 //!   writes unconditionally, which the checker must catch.
-//! - `DIR/locks/<key>`: a step holding lock `<key>` appends `<key> <owner>` when it begins
-//!   and when it ends (a rollback step of a for-life holder too; not the first step of a
-//!   for-life holder, see `Order::act`), each in one `O_APPEND` write. `--break-locks` makes the per-step lockers declare no lock (they still write
-//!   the lines), which the checker must catch.
+//! - `DIR/locks/<key>`: a step holding lock `<key>` appends `<key> <owner> <span>` when it
+//!   begins and when it ends (rollback steps too), each in one `O_APPEND` write. `<span>`
+//!   names the stretch the owner holds the key through: `life` for an order holding it for
+//!   life; `fwd` and `undo` for an item holding it for life (an item that succeeded gave the
+//!   key back, and takes it again when revived to roll back: two stretches); and
+//!   `step-<state>-<run>` for a per-step locker (`<run>` counts the worker's starts, from
+//!   `DIR/runs`, so a step re-run after a kill is a new stretch). The checker finds no
+//!   other owner's line inside any stretch. `--break-locks` makes the per-step lockers
+//!   declare no lock (they still write the lines), which the checker must catch.
 //!
 //! # Events
 //!
@@ -162,6 +169,9 @@ struct Item {
     wait_event: Option<String>,
     /// How long each step works.
     step_ms: u64,
+    /// The key it holds exclusively for life (and writes lock lines to), if any.
+    #[serde(default)]
+    lock: Option<String>,
 }
 
 /// What the handlers share: where effects, lock lines and signals live.
@@ -176,6 +186,8 @@ struct Shop {
     idempotent: bool,
     /// `--break-locks`.
     break_locks: bool,
+    /// This start's number (1 for the first run on the directory): names per-step spans.
+    run: u64,
 }
 
 impl Shop {
@@ -191,11 +203,11 @@ impl Shop {
         append(&path, line)
     }
 
-    /// Appends `<key> <owner>` to the key's file, in one write.
-    fn lock_line(&self, key: &str, owner: &str) -> std::io::Result<()> {
+    /// Appends `<key> <owner> <span>` to the key's file, in one write.
+    fn lock_line(&self, key: &str, owner: &str, span: &str) -> std::io::Result<()> {
         append(
             &self.locks.join(key.replace('/', "_")),
-            &format!("{key} {owner}"),
+            &format!("{key} {owner} {span}"),
         )
     }
 
@@ -224,47 +236,40 @@ fn sleep_ms(ms: u64) -> tokio::time::Sleep {
 }
 
 impl Order {
-    /// The lock key whose file this order's steps write to, if it holds one.
-    fn held_key(&self) -> Option<&str> {
-        self.lock.as_ref().map(|l| l.key.as_str())
-    }
-
     /// A forward step's work: `start`, a lock line, the work (a sleep, so kills land
-    /// between the start and the end), a lock line, `do`.
-    ///
-    /// A for-life holder writes no lock line in its first step: a kill before that step
-    /// is persisted leaves a procedure with no trace of having started, which a restart
-    /// cannot know held the key. From its second step on, it certainly held it, and must
-    /// get it back first after a restart (guarantee (c)).
+    /// between the start and the end), a lock line, `do`. A for-life holder writes its
+    /// lines from its first step on: the executor records the grant before that step runs,
+    /// so a restart gives the key back to it even then.
     async fn act(&self, shop: &Shop, state: &str) -> Result<(), Error> {
-        let lines = state != "Reserve" || !self.lock.as_ref().is_some_and(|l| l.for_life);
         shop.effect(&self.name, &format!("start {} {state}", self.name))
             .retryable()?;
-        if lines {
-            self.lock_line(shop)?;
-        }
+        self.lock_line(shop, state)?;
         sleep_ms(self.step_ms).await;
-        if lines {
-            self.lock_line(shop)?;
-        }
+        self.lock_line(shop, state)?;
         shop.effect(&self.name, &format!("do {} {state}", self.name))
             .retryable()
     }
 
     /// A rollback step's work: lock lines around `undo`.
     async fn undo(&self, shop: &Shop, state: &str) -> Result<(), Error> {
-        self.lock_line(shop)?;
+        self.lock_line(shop, state)?;
         sleep_ms(self.step_ms / 2).await;
         shop.effect(&self.name, &format!("undo {} {state}", self.name))
             .retryable()?;
-        self.lock_line(shop)
+        self.lock_line(shop, state)
     }
 
-    fn lock_line(&self, shop: &Shop) -> Result<(), Error> {
-        match self.held_key() {
-            Some(key) => shop.lock_line(key, &self.name).retryable(),
-            None => Ok(()),
-        }
+    /// A lock line of the step in `state`: the span is the order's life, or the step.
+    fn lock_line(&self, shop: &Shop, state: &str) -> Result<(), Error> {
+        let Some(lock) = &self.lock else {
+            return Ok(());
+        };
+        let span = if lock.for_life {
+            "life".to_owned()
+        } else {
+            format!("step-{state}-{}", shop.run)
+        };
+        shop.lock_line(&lock.key, &self.name, &span).retryable()
     }
 }
 
@@ -311,7 +316,7 @@ impl OrderStateHandlers for Order {
         if self.fail_charge {
             shop.effect(&self.name, &format!("start {} Charge", self.name))
                 .retryable()?;
-            self.lock_line(shop)?;
+            self.lock_line(shop, "Charge")?;
             return Err(Error::fatal(format!("{}: card declined", self.name)));
         }
         self.act(shop, "Charge").await?;
@@ -365,15 +370,28 @@ impl Item {
     async fn act(&self, shop: &Shop, state: &str) -> Result<(), Error> {
         shop.effect(&self.order, &format!("start {} {state}", self.name))
             .retryable()?;
+        self.lock_line(shop, "fwd")?;
         sleep_ms(self.step_ms).await;
+        self.lock_line(shop, "fwd")?;
         shop.effect(&self.order, &format!("do {} {state}", self.name))
             .retryable()
     }
 
     async fn undo(&self, shop: &Shop, state: &str) -> Result<(), Error> {
+        self.lock_line(shop, "undo")?;
         sleep_ms(self.step_ms / 4).await;
         shop.effect(&self.order, &format!("undo {} {state}", self.name))
-            .retryable()
+            .retryable()?;
+        self.lock_line(shop, "undo")
+    }
+
+    /// A lock line of a step of an item that holds its key for life: `fwd` while it runs
+    /// forward, `undo` while it rolls back.
+    fn lock_line(&self, shop: &Shop, span: &str) -> Result<(), Error> {
+        match &self.lock {
+            Some(key) => shop.lock_line(key, &self.name, span).retryable(),
+            None => Ok(()),
+        }
     }
 }
 
@@ -390,7 +408,9 @@ impl ItemStateHandlers for Item {
         if self.fail {
             shop.effect(&self.order, &format!("start {} Pick", self.name))
                 .retryable()?;
+            self.lock_line(shop, "fwd")?;
             sleep_ms(self.step_ms).await;
+            self.lock_line(shop, "fwd")?;
             return Err(Error::fatal(format!("{}: out of stock", self.name)));
         }
         self.act(shop, "Pick").await?;
@@ -418,6 +438,13 @@ impl ItemStateHandlers for Item {
     async fn rollback_label(&mut self, ctx: &Context<Shop>) -> Result<(), Error> {
         self.undo(ctx.env(), "Label").await
     }
+
+    fn locks(&self) -> Result<Locks, LockKeyError> {
+        match &self.lock {
+            Some(key) => Ok(Locks::new([Lock::exclusive(key)?])),
+            None => Ok(Locks::none()),
+        }
+    }
 }
 
 /// SplitMix64: the plan must be the same on every run of one seed, and this needs no
@@ -444,7 +471,7 @@ impl Rng {
     }
 }
 
-const KINDS: [&str; 9] = [
+const KINDS: [&str; 11] = [
     "plain",
     "paid",
     "child-fails",
@@ -454,10 +481,15 @@ const KINDS: [&str; 9] = [
     "step-lock",
     "stuck",
     "cancelled",
+    "stock-undo",
+    "stock-stop",
 ];
 
 /// The contended lock keys.
 const SKUS: u64 = 2;
+
+/// The one stock key every item of the `stock-*` orders holds for life.
+const STOCK: &str = "stock/s4";
 
 /// An event the driver signals `delay_ms` after the epoch, or, for a payment answering
 /// a request, `delay_ms` after the order asked for it.
@@ -527,6 +559,7 @@ fn plan_order(
         fail: false,
         wait_event: None,
         step_ms: rng.range(step_ms / 2, step_ms),
+        lock: None,
     };
     match kind {
         "plain" => {
@@ -606,6 +639,30 @@ fn plan_order(
             // Waits for a payment that never comes, until the customer cancels.
             order.await_event = Some(format!("never-{name}"));
             order.cancel_ms = Some(order.arrival_ms + rng.range(200, span_ms / 2));
+        }
+        "stock-undo" | "stock-stop" => {
+            // Early and quick up to the spawn, so that the items of all of them contend
+            // for the stock key while the kills land.
+            order.arrival_ms = rng.range(0, span_ms / 10);
+            order.step_ms = rng.range(20, 60);
+            let n = if kind == "stock-stop" {
+                3
+            } else {
+                rng.range(2, 4) as usize
+            };
+            order.items = (0..n).map(|i| item(rng, i, 90)).collect();
+            for item in &mut order.items {
+                item.lock = Some(STOCK.to_owned());
+            }
+            if kind == "stock-undo" {
+                // Every item succeeds and gives the key back; then the order fails, and
+                // revives them to roll back: they queue for the key again.
+                order.fail_charge = true;
+            } else {
+                // The last item fails at once; the others are stopped, queued for the
+                // key behind each other and behind other orders' items.
+                order.items[n - 1].fail = true;
+            }
         }
         _ => unreachable!("unknown kind {kind}"),
     }
@@ -725,6 +782,20 @@ fn write_once(path: &Path, text: &str) -> std::io::Result<String> {
     Ok(text.to_owned())
 }
 
+/// Counts this start in `path` (atomically: a kill leaves the old count or the new one)
+/// and returns its number, 1 for the first.
+fn count_run(path: &Path) -> std::io::Result<u64> {
+    let before: u64 = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(0);
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, (before + 1).to_string())?;
+    std::fs::rename(&tmp, path)?;
+    Ok(before + 1)
+}
+
 /// Runs the workload; `Ok(false)` when `--finish-within` passed first.
 async fn run() -> Result<bool, Failure> {
     let args = parse_args()?;
@@ -734,6 +805,7 @@ async fn run() -> Result<bool, Failure> {
         signals: args.dir.join("signals"),
         idempotent: args.idempotent,
         break_locks: args.break_locks,
+        run: 0,
     };
     for dir in [&shop.effects, &shop.locks, &shop.signals] {
         std::fs::create_dir_all(dir)?;
@@ -741,12 +813,13 @@ async fn run() -> Result<bool, Failure> {
     let epoch: u64 = write_once(&args.dir.join("epoch"), &now_ms().to_string())?
         .trim()
         .parse()?;
+    let run = count_run(&args.dir.join("runs"))?;
     let plan = plan(args.seed, args.orders, args.span_ms);
     let lines: String = plan.orders.iter().map(|o| o.plan_line() + "\n").collect();
     write_once(&args.dir.join("plan"), &lines)?;
 
     let store = Arc::new(WalStore::open(args.dir.join("wal"), WalConfig::default())?);
-    let executor = Executor::builder(store, shop)
+    let executor = Executor::builder(store, Shop { run, ..shop })
         .register::<OrderState>()
         .register::<ItemState>()
         .start()
