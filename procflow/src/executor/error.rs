@@ -104,7 +104,27 @@ pub enum SubmitError {
     /// The procedure data cannot be serialized.
     #[error(transparent)]
     Encode(#[from] CodecError),
-    /// The executor is not running (shut down, killed, or stopped by a store failure).
+    /// The executor is not running (shut down, killed, or stopped by a store failure):
+    /// nothing was stored.
     #[error(transparent)]
     Executor(#[from] ExecutorError),
+    /// The procedure **may have been stored**: the store's answer to its write was lost
+    /// (a timeout, a connection cut after the request left, a failed `fsync` after the
+    /// write), so the executor cannot tell, and it stopped (`source`). This is not a
+    /// refusal: if it was stored, it runs after the next start.
+    ///
+    /// Retry with the **same nonce** ([`SubmitOptions::nonce`](super::SubmitOptions::nonce))
+    /// on a running executor: it returns the procedure's id if the first write landed,
+    /// and submits it if not, so the work runs once. Without a nonce a retry may run it
+    /// twice; look for the procedure first (`id`) instead.
+    #[error(
+        "the procedure may have been stored as {id} (the store's answer was lost: {source}); \
+         retry the submit with the same nonce, which finds it if it was stored"
+    )]
+    MaybeStored {
+        /// The id it was written under, if the write landed.
+        id: ProcedureId,
+        /// Why the executor cannot tell.
+        source: ExecutorError,
+    },
 }

@@ -29,6 +29,16 @@ pub(crate) const RUNNING: u8 = 0;
 const SHUTTING_DOWN: u8 = 1;
 const HALTED: u8 = 2;
 
+/// A failed [`Inner::commit_outcome`].
+#[derive(Debug)]
+pub(crate) struct CommitFailure {
+    /// Why (the executor halted, unless the store refused the batch).
+    pub(crate) error: ExecutorError,
+    /// Whether the batch may be in the store all the same: the store's answer was lost
+    /// (`StoreError::may_have_applied`), or a kill hook stopped the executor after it.
+    pub(crate) may_have_applied: bool,
+}
+
 /// A new reservation of ids, to write with the batch that uses the first of them.
 pub(crate) struct Reservation {
     /// Held until the batch has landed (or failed): no other reservation races it.
@@ -533,8 +543,25 @@ impl<E> Inner<E> {
         kind: WriteKind,
         batch: Batch,
     ) -> Result<(), ExecutorError> {
+        self.commit_outcome(procedure, kind, batch)
+            .await
+            .map_err(|failed| failed.error)
+    }
+
+    /// [`commit`](Self::commit), telling a failure that wrote nothing from one after which
+    /// the batch may be in the store all the same.
+    pub(crate) async fn commit_outcome(
+        &self,
+        procedure: u64,
+        kind: WriteKind,
+        batch: Batch,
+    ) -> Result<(), CommitFailure> {
+        let refused = |error| CommitFailure {
+            error,
+            may_have_applied: false,
+        };
         if let Some(reason) = self.halt_reason() {
-            return Err(reason);
+            return Err(refused(reason));
         }
         let index = self.writes.fetch_add(1, Ordering::Relaxed);
         let write = |point| StoreWrite {
@@ -543,27 +570,37 @@ impl<E> Inner<E> {
             point,
             index,
         };
-        self.kill_at(&write(WritePoint::Before))?;
+        self.kill_at(&write(WritePoint::Before)).map_err(refused)?;
         let batch = Batch {
             fencing_token: self.fencing_token,
             ..batch
         };
         match self.store.commit(batch).await {
             Ok(()) => {}
-            // A refused batch changed nothing: only its procedure is affected.
-            Err(error @ StoreError::TooLarge { .. }) => {
-                return Err(ExecutorError::Rejected(Arc::new(error)));
+            // A refused batch changed nothing: only its procedure (or request) is affected.
+            Err(error @ (StoreError::TooLarge { .. } | StoreError::MetaExists { .. })) => {
+                return Err(refused(ExecutorError::Rejected(Arc::new(error))));
             }
             Err(error) => {
+                let may_have_applied = error.may_have_applied();
                 let error = ExecutorError::from_store(error);
                 self.halt(error.clone());
-                return Err(error);
+                return Err(CommitFailure {
+                    error,
+                    may_have_applied,
+                });
             }
         }
+        // Killed after the write: it is in the store, as after a crash right after it.
         self.kill_at(&write(WritePoint::After))
+            .map_err(|error| CommitFailure {
+                error,
+                may_have_applied: true,
+            })
     }
 
     fn kill_at(&self, write: &StoreWrite) -> Result<(), ExecutorError> {
+        // (Before the write: nothing of it is stored. After: all of it.)
         if self.hook.as_ref().is_some_and(|hook| hook.kill(write)) {
             self.halt(ExecutorError::Killed);
         }

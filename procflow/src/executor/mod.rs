@@ -158,7 +158,10 @@ impl<E: Send + Sync + 'static> Executor<E> {
     /// # Errors
     ///
     /// [`SubmitError`]: `M` not registered, the executor full, the data not serializable,
-    /// the store refused the procedure, or the executor not running.
+    /// the store refused the procedure, or the executor not running: refusals, nothing
+    /// was stored. And one error that is not a refusal: [`SubmitError::MaybeStored`], the
+    /// store's answer to the write was lost, so the procedure may be stored and run after
+    /// the next start; retry with the same nonce, which finds it if so.
     ///
     /// # Cancel safety
     ///

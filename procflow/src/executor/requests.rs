@@ -6,9 +6,9 @@ use super::Executor;
 use super::error::ExecutorError;
 use super::hooks::WriteKind;
 use super::inner::{Inner, Settled};
-use crate::stored::requests::{self, Action, REQUEST_PREFIX, Request};
+use crate::stored::requests::{self, Action, KEY_TRIES, REQUEST_PREFIX, Request};
 use crate::{Error, ProcedureId};
-use procflow_store::Batch;
+use procflow_store::{Batch, StoreError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::oneshot;
@@ -84,16 +84,26 @@ impl<E: Send + Sync + 'static> Executor<E> {
                 return Err(ExecutorError::NotFound(id));
             }
         }
-        let key = request.new_key();
         let target = request.target().map_or(0, ProcedureId::get);
-        let stored = Batch::new().put_meta(key.clone(), request.encode());
-        // Seen before it is stored: the poll must not hand it over a second time.
-        self.inner.requests_seen().insert(key.clone(), false);
-        let committed = self.inner.commit(target, WriteKind::Request, stored).await;
-        if let Err(error) = committed {
-            self.inner.requests_seen().remove(&key);
-            return Err(error);
-        }
+        let mut tries = 0;
+        let key = loop {
+            let (key, stored) = request.store();
+            // Seen before it is stored: the poll must not hand it over a second time.
+            self.inner.requests_seen().insert(key.clone(), false);
+            let committed = self.inner.commit(target, WriteKind::Request, stored).await;
+            match committed {
+                Ok(()) => break key,
+                Err(error) => {
+                    self.inner.requests_seen().remove(&key);
+                    let taken = matches!(&error, ExecutorError::Rejected(refused)
+                        if matches!(**refused, StoreError::MetaExists { .. }));
+                    if !taken || tries >= KEY_TRIES {
+                        return Err(error);
+                    }
+                    tries += 1; // Another writer took this key: take another.
+                }
+            }
+        };
         // Carried out by a task of the executor: a dropped caller does not cancel it.
         let (reply, done) = oneshot::channel();
         let inner = Arc::clone(&self.inner);

@@ -108,9 +108,17 @@ async fn persist_and_run<E: Send + Sync + 'static>(
         batch = batch.put_meta(format!("{NONCE_PREFIX}{nonce}"), id.to_le_bytes().to_vec());
     }
     let batch = batch.put(id, None, value);
-    if let Err(error) = inner.commit(id, WriteKind::Submit, batch).await {
+    if let Err(failed) = inner.commit_outcome(id, WriteKind::Submit, batch).await {
         inner.live_roots.fetch_sub(1, Ordering::AcqRel);
-        let _ = reply.send(Err(SubmitError::Executor(error)));
+        let error = if failed.may_have_applied {
+            SubmitError::MaybeStored {
+                id: ProcedureId::new(id),
+                source: failed.error,
+            }
+        } else {
+            SubmitError::Executor(failed.error)
+        };
+        let _ = reply.send(Err(error));
         return;
     }
     if let Some(reservation) = reservation {

@@ -11,7 +11,6 @@
 
 use procflow_store::{Batch, Store, StoreError};
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::SystemTime;
 
 use crate::ProcedureId;
@@ -84,15 +83,23 @@ impl Request {
         }
     }
 
-    /// A fresh metadata key: time-ordered, unique across processes.
+    /// A fresh metadata key: ordered by time, then by a random 64-bit tag. Written
+    /// create-only ([`Batch::create_meta`]), so of two writers that pick one key (the same
+    /// millisecond, the same tag), one is refused and picks another, never overwrites.
+    /// (Keys used to end in the process id: two containers, both pid 1, collided.)
     pub(crate) fn new_key(&self) -> String {
-        static SEQ: AtomicU64 = AtomicU64::new(0);
-        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
         format!(
-            "{REQUEST_PREFIX}{:016x}-{:08x}-{seq}",
+            "{REQUEST_PREFIX}{:016x}-{:016x}",
             self.at_ms,
-            std::process::id()
+            fastrand::u64(..)
         )
+    }
+
+    /// The batch that stores this request under a fresh key, create-only; and the key.
+    pub(crate) fn store(&self) -> (String, Batch) {
+        let key = self.new_key();
+        let batch = Batch::new().create_meta(key.clone(), self.encode());
+        (key, batch)
     }
 
     pub(crate) fn encode(&self) -> Vec<u8> {
@@ -110,20 +117,34 @@ impl Request {
 /// on a shared (etcd) store. A running executor acts on requests through
 /// [`Executor::request`](crate::executor::Executor::request) instead.
 ///
+/// The request is written create-only under a fresh key: two processes leaving requests
+/// at once (even in the same millisecond) never overwrite each other's.
+///
 /// # Errors
 ///
-/// The store's.
+/// The store's. One for which [`StoreError::may_have_applied`] holds leaves the request
+/// possibly stored: the executor carries it out if so (an abort or bypass twice is
+/// harmless; a second wake is a spurious wake).
 ///
 /// # Cancel safety
 ///
 /// As the store's `commit`: a dropped call may or may not have stored the request.
 pub async fn leave_request(store: &dyn Store, request: &Request) -> Result<String, StoreError> {
-    let key = request.new_key();
-    store
-        .commit(Batch::new().put_meta(key.clone(), request.encode()))
-        .await?;
-    Ok(key)
+    let mut tries = 0;
+    loop {
+        let (key, batch) = request.store();
+        match store.commit(batch).await {
+            Ok(()) => return Ok(key),
+            // Another writer took this key: take another.
+            Err(StoreError::MetaExists { .. }) if tries < KEY_TRIES => tries += 1,
+            Err(error) => return Err(error),
+        }
+    }
 }
+
+/// How often a request picks a new key when its key is taken: a 64-bit random tag makes
+/// even one collision unlikely.
+pub(crate) const KEY_TRIES: u32 = 8;
 
 /// The requests a store holds, oldest first, with their keys; unreadable ones with why.
 pub(crate) fn stored<'a>(
