@@ -13,6 +13,10 @@
 //!   back (it fails, or is aborted at step N), dying before every rollback write.
 //! - [`StepByStep`] runs one step at a time and hands back the persisted state after each.
 //!
+//! Every pass also checks lock exclusivity ([`lock_conflict`]): at every store write and
+//! after every restart, no two procedures of the tree (a procedure and its children hold
+//! locks; children may share their ancestors') hold conflicting locks.
+//!
 //! Every pass runs on a fresh [`MemStore`]; the environment is built anew for each pass
 //! (it stands for the outside world, which survives the restarts within a pass).
 //!
@@ -63,6 +67,10 @@
 //! # }).unwrap();
 //! ```
 
+mod exclusive;
+
+pub use exclusive::{LockConflict, lock_conflict};
+
 use crate::codec;
 use crate::executor::{
     Config, Executor, ExecutorBuilder, ExecutorError, Outcome, RetryPolicy, StoreWrite,
@@ -72,7 +80,7 @@ use crate::{Cursor, ProcedureId, StateMachine};
 use procflow_store::{MemStore, Store};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// The nonce every pass submits with: a restart finds the procedure if its submit was
@@ -89,6 +97,7 @@ type Setup<E> = dyn Fn(ExecutorBuilder<E>) -> ExecutorBuilder<E> + Send + Sync;
 pub struct CrashTest<E> {
     setup: Arc<Setup<E>>,
     config: Config,
+    patience: Duration,
 }
 
 /// How one pass went.
@@ -156,6 +165,25 @@ pub enum CrashTestError {
     /// The pass never ended.
     #[error("gave up after {0} restarts")]
     TooManyRestarts(u32),
+    /// Two procedures held conflicting locks at once: at a store write or after a
+    /// restart (where an executor that gave locks back to the wrong procedures would show
+    /// it).
+    #[error("{pass}: {conflict}")]
+    LockConflict {
+        /// Which pass.
+        pass: &'static str,
+        /// Who held what.
+        conflict: LockConflict,
+    },
+    /// The procedure did not end within the test's patience
+    /// ([`CrashTest::with_patience`]): a hang, reported instead of waited on forever.
+    #[error("{pass}: the procedure did not end within {waited:?}")]
+    Hung {
+        /// Which pass.
+        pass: &'static str,
+        /// How long the test waited.
+        waited: Duration,
+    },
 }
 
 /// Which writes a pass dies at (every other one of them: killed once, then let through).
@@ -183,7 +211,16 @@ impl<E: Send + Sync + 'static> CrashTest<E> {
                 rollback_retry: quick,
                 ..Config::default()
             },
+            patience: Duration::from_secs(60),
         }
+    }
+
+    /// How long one run of the procedure (between two kills, or to its end) may take
+    /// before the test fails with [`CrashTestError::Hung`] (default 60 s).
+    #[must_use]
+    pub fn with_patience(mut self, patience: Duration) -> Self {
+        self.patience = patience;
+        self
     }
 
     /// Uses `config` for every executor (default: [`Config::default`] with retries of
@@ -361,7 +398,8 @@ impl<E: Send + Sync + 'static> CrashTest<E> {
         Ok((run, env))
     }
 
-    /// One pass on a fresh store: restarts after every kill until the procedure ends.
+    /// One pass on a fresh store: restarts after every kill until the procedure ends,
+    /// checking lock exclusivity at every store write and after every restart.
     async fn pass<M, T>(
         &self,
         env: Arc<E>,
@@ -378,16 +416,26 @@ impl<E: Send + Sync + 'static> CrashTest<E> {
         let kill_next = Arc::new(AtomicBool::new(true));
         // Forward steps of the procedure persisted so far (for `abort_at`).
         let steps = Arc::new(AtomicU64::new(0));
+        // The first lock conflict seen, by any executor of the pass.
+        let conflict: Arc<Mutex<Option<LockConflict>>> = Arc::default();
+        let pass = kills.map_or("clean run", |k| match k.point {
+            WritePoint::Before => "killed before store writes",
+            WritePoint::After => "killed after store writes",
+        });
         let mut killed = 0;
         for _ in 0..MAX_RESTARTS {
             let handle: Arc<OnceLock<Executor<E>>> = Arc::new(OnceLock::new());
             let hook = {
-                let (kill_next, steps, handle) = (
+                let (kill_next, steps, handle, conflict) = (
                     Arc::clone(&kill_next),
                     Arc::clone(&steps),
                     Arc::clone(&handle),
+                    Arc::clone(&conflict),
                 );
                 move |write: &StoreWrite| {
+                    if let Some(executor) = handle.get() {
+                        note_conflict(&conflict, executor);
+                    }
                     if write.point == WritePoint::After && write.kind == WriteKind::Step {
                         let done = steps.fetch_add(1, Ordering::SeqCst) + 1;
                         if abort_at.is_some_and(|n| done >= n) {
@@ -411,17 +459,38 @@ impl<E: Send + Sync + 'static> CrashTest<E> {
                 builder = builder.abort_on_start(FIRST_ID);
             }
             let executor = (self.setup)(builder).start().await?;
+            // Right after the restart: whom it gave locks back to.
+            note_conflict(&conflict, &executor);
             let _ = handle.set(executor.clone());
             let options = SubmitOptions::default().nonce(NONCE);
             let id = match executor.submit_with(procedure(), options).await {
                 Ok(id) => id,
-                Err(SubmitError::Executor(ExecutorError::Killed)) => {
+                // Killed before or after the submit's write: the nonce finds it if stored.
+                Err(
+                    SubmitError::Executor(ExecutorError::Killed)
+                    | SubmitError::MaybeStored {
+                        source: ExecutorError::Killed,
+                        ..
+                    },
+                ) => {
                     killed += 1;
                     continue;
                 }
                 Err(other) => return Err(other.into()),
             };
-            match executor.wait(id).await {
+            let waited = tokio::time::timeout(self.patience, executor.wait(id)).await;
+            let Ok(waited) = waited else {
+                executor.kill();
+                return Err(CrashTestError::Hung {
+                    pass,
+                    waited: self.patience,
+                });
+            };
+            if let Some(conflict) = conflict.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                executor.kill();
+                return Err(CrashTestError::LockConflict { pass, conflict });
+            }
+            match waited {
                 Ok(outcome) => {
                     executor.kill(); // Stop its other tasks (retention, children).
                     let observed = observe(&env);
@@ -436,6 +505,17 @@ impl<E: Send + Sync + 'static> CrashTest<E> {
             }
         }
         Err(CrashTestError::TooManyRestarts(MAX_RESTARTS))
+    }
+}
+
+/// Keeps the first lock conflict `executor` shows now.
+fn note_conflict<E: Send + Sync + 'static>(
+    first: &Mutex<Option<LockConflict>>,
+    executor: &Executor<E>,
+) {
+    let mut first = first.lock().unwrap_or_else(|e| e.into_inner());
+    if first.is_none() {
+        *first = lock_conflict(executor);
     }
 }
 
