@@ -12,6 +12,10 @@
 //! the failing state's rollback, the procflow machine below completes one more
 //! `#[rollback]` state before failing, so the counts still match.
 
+#[path = "../procflow/tests/common/bounded.rs"]
+mod bounded;
+
+use bounded::Bounded;
 use procflow::executor::{Config, Executor, Outcome, Status, SubmitOptions};
 use procflow::prelude::*;
 use procflow::store::MemStore;
@@ -319,7 +323,10 @@ async fn child_on_last_step_runs_3_times_and_6_with_double_execution() {
         .submit(TwoSteps { child_fails: false })
         .await
         .unwrap();
-    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(id).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
     assert_eq!((plain.count("execute"), plain.count("rollback")), (3, 0));
 }
 
@@ -433,7 +440,7 @@ async fn rollback_failing_twice_then_succeeding_keeps_the_original_failure() {
         .await
         .unwrap();
     assert_eq!(
-        executor.wait(id).await.unwrap(),
+        executor.wait(id).bounded().await.unwrap(),
         Outcome::RolledBack(Error::fatal("the original failure"))
     );
     assert_eq!(journal.count("rollback Work"), 3);
@@ -479,7 +486,7 @@ async fn timeout_of_2_5_s_fails_a_stuck_procedure() {
     let started = Instant::now();
     let options = SubmitOptions::default().timeout(Duration::from_millis(2500));
     let id = executor.submit_with(Stuck, options).await.unwrap();
-    let Outcome::RolledBack(error) = executor.wait(id).await.unwrap() else {
+    let Outcome::RolledBack(error) = executor.wait(id).bounded().await.unwrap() else {
         panic!("expected a rollback");
     };
     let elapsed = started.elapsed();
@@ -536,7 +543,7 @@ async fn suspended_procedure_woken_by_its_timeout_6_times_then_aborts() {
         .await
         .unwrap();
     assert_eq!(
-        executor.wait(id).await.unwrap(),
+        executor.wait(id).bounded().await.unwrap(),
         Outcome::RolledBack(Error::fatal("aborted after 6 timeouts"))
     );
     assert_eq!(journal.count("woken by timeout"), 6);
@@ -603,7 +610,10 @@ async fn three_yielding_procedures_each_run_their_steps_in_order() {
         ids.push(executor.submit(turns).await.unwrap());
     }
     for id in ids {
-        assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+        assert_eq!(
+            executor.wait(id).bounded().await.unwrap(),
+            Outcome::Succeeded
+        );
     }
     for name in ["p1", "p2", "p3"] {
         let own: Vec<_> = journal
@@ -658,7 +668,7 @@ async fn nonce_returns_the_same_id_running_completed_and_after_restart() {
         .submit_with(Sum { total: 0 }, done_nonce.clone())
         .await
         .unwrap();
-    executor.wait(completed).await.unwrap();
+    executor.wait(completed).bounded().await.unwrap();
     executor.kill();
 
     let executor = start().await;

@@ -4,6 +4,7 @@
 
 mod common;
 
+use common::Bounded;
 use common::ops::{Job, Log, serve, start, three_jobs, until};
 use fantoccini::{Client, ClientBuilder, Locator};
 use procflow::ProcedureId;
@@ -185,13 +186,16 @@ async fn the_api_reads_live_records_and_carries_out_requests_with_the_token() {
         api.post(&bypass, Some(TOKEN), ask).await,
         (200, done.clone())
     );
-    assert_eq!(executor.wait(beta).await.unwrap(), Outcome::Bypassed);
+    assert_eq!(
+        executor.wait(beta).bounded().await.unwrap(),
+        Outcome::Bypassed
+    );
     assert_eq!(
         api.post(&abort, Some(TOKEN), Value::Null).await,
         (200, done)
     );
     assert!(matches!(
-        executor.wait(alpha).await.unwrap(),
+        executor.wait(alpha).bounded().await.unwrap(),
         Outcome::RolledBack(_)
     ));
     assert_eq!(log.count("undo reserve alpha"), 1);
@@ -204,8 +208,8 @@ async fn the_api_reads_live_records_and_carries_out_requests_with_the_token() {
         .await;
     assert_eq!(status, 404);
 
-    server.shutdown().await.unwrap();
-    executor.shutdown().await.unwrap();
+    server.shutdown().bounded().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
 }
 
 #[tokio::test]
@@ -226,8 +230,8 @@ async fn without_a_token_the_admin_is_read_only() {
         executor.state(id).unwrap().status,
         Status::Suspended { .. }
     ));
-    server.shutdown().await.unwrap();
-    executor.shutdown().await.unwrap();
+    server.shutdown().bounded().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
 }
 
 /// chromedriver on a free port, killed when dropped.
@@ -423,7 +427,7 @@ async fn the_page_in_headless_chromium_shows_the_table_and_diagram_and_aborts() 
     click(&browser, "#abort").await;
     text_becomes(&browser, "#action-result", "done for 1 procedure(s)").await;
     assert!(matches!(
-        executor.wait(alpha).await.unwrap(),
+        executor.wait(alpha).bounded().await.unwrap(),
         Outcome::RolledBack(_)
     ));
     assert_eq!(log.count("undo reserve alpha"), 1);
@@ -444,6 +448,6 @@ async fn the_page_in_headless_chromium_shows_the_table_and_diagram_and_aborts() 
     assert!(history.contains("Reserve rollback undone"), "{history}");
 
     browser.close().await.unwrap();
-    server.shutdown().await.unwrap();
-    executor.shutdown().await.unwrap();
+    server.shutdown().bounded().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
 }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Ledger, TestStore};
+use common::{Bounded, Ledger, TestStore};
 use procflow::executor::{Executor, ExecutorError, Outcome, Status, StoreWrite, WritePoint};
 use procflow::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -144,11 +144,14 @@ async fn parent_resumes_after_all_children_succeed(store: TestStore) {
     a.wait_for(|i| matches!(i.status, Status::Suspended { .. }))
         .await
         .unwrap();
-    executor.wait(children[1].id).await.unwrap();
+    executor.wait(children[1].id).bounded().await.unwrap();
     assert_eq!(executor.state(id).unwrap().status, Status::WaitingChildren);
     ledger.push("a go");
     assert_eq!(executor.wake("a").await.unwrap(), 1);
-    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(id).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
     assert_eq!(executor.state(id).unwrap().state, "Done");
     assert_eq!(ledger.count("parent execute 2"), 1);
     assert_eq!(ledger.count("a execute"), 1);
@@ -169,7 +172,7 @@ async fn failed_child_rolls_back_the_parent_keeping_its_error(store: TestStore) 
         })
         .await
         .unwrap();
-    let outcome = executor.wait(id).await.unwrap();
+    let outcome = executor.wait(id).bounded().await.unwrap();
     assert_eq!(outcome, Outcome::RolledBack(Error::fatal("k cannot work")));
     let rollbacks: Vec<_> = ledger
         .events()
@@ -188,7 +191,10 @@ async fn double_execution_with_a_child_runs_each_step_twice(store: TestStore) {
         children: vec![Kid::named("k")],
     };
     let id = executor.submit(parent()).await.unwrap();
-    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(id).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
     assert_eq!(plain.events().len(), 3, "{:?}", plain.events());
 
     let store = if store.dir_kind() {
@@ -219,7 +225,7 @@ async fn double_execution_with_a_child_runs_each_step_twice(store: TestStore) {
             },
         };
         id = Some(pid);
-        match executor.wait(pid).await {
+        match executor.wait(pid).bounded().await {
             Ok(outcome) => {
                 assert_eq!(outcome, Outcome::Succeeded);
                 break;
@@ -256,7 +262,10 @@ async fn children_are_written_with_the_parent_step(store: TestStore) {
             .unwrap();
         let kids = vec![Kid::named("a"), Kid::named("b")];
         let id = executor.submit(Parent { children: kids }).await.unwrap();
-        assert!(executor.wait(id).await.is_err(), "killed at the spawn");
+        assert!(
+            executor.wait(id).bounded().await.is_err(),
+            "killed at the spawn"
+        );
         let records = store.store.load().await.unwrap().records;
         let children = records
             .iter()
@@ -267,7 +276,10 @@ async fn children_are_written_with_the_parent_step(store: TestStore) {
             WritePoint::After => assert_eq!(children, 2),
         }
         let executor = start(&store, &ledger).await;
-        assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+        assert_eq!(
+            executor.wait(id).bounded().await.unwrap(),
+            Outcome::Succeeded
+        );
         // The children's work is done once per surviving spawn.
         assert_eq!(ledger.count("a execute"), 1);
     }
@@ -386,7 +398,7 @@ async fn succeeded_children_are_rolled_back_newest_first(store: TestStore) {
     };
     let id = executor.submit(tree).await.unwrap();
     assert_eq!(
-        executor.wait(id).await.unwrap(),
+        executor.wait(id).bounded().await.unwrap(),
         Outcome::RolledBack(Error::fatal("step 4 failed"))
     );
     let order = rollbacks(&ledger);
@@ -425,7 +437,7 @@ async fn tree_rollback_survives_a_kill_before_every_write(store: TestStore) {
             },
         };
         id = Some(pid);
-        match executor.wait(pid).await {
+        match executor.wait(pid).bounded().await {
             Ok(outcome) => break outcome,
             Err(ExecutorError::Killed) => {}
             Err(other) => panic!("{other}"),
@@ -479,12 +491,15 @@ async fn too_many_children_for_one_batch_fail_the_procedure_only() {
         .unwrap();
     let kids = (0..3).map(|i| Kid::named(&format!("k{i}"))).collect();
     let id = executor.submit(Parent { children: kids }).await.unwrap();
-    let Outcome::RolledBack(error) = executor.wait(id).await.unwrap() else {
+    let Outcome::RolledBack(error) = executor.wait(id).bounded().await.unwrap() else {
         panic!("expected a rollback");
     };
     assert!(error.to_string().contains("at most 2 children"), "{error}");
     // The executor still runs: two children fit.
     let kids = (0..2).map(|i| Kid::named(&format!("j{i}"))).collect();
     let id = executor.submit(Parent { children: kids }).await.unwrap();
-    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(id).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
 }

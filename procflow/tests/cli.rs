@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::Bounded;
 use common::ops::{Job, Log, start, until};
 use procflow::executor::{Outcome, Status};
 use serde_json::Value;
@@ -130,9 +131,12 @@ async fn cli_reads_a_live_store_and_bypasses_a_stuck_procedure_on_a_stopped_one(
 
     // The next start carries both out: the stuck one does not run again, its lock is free.
     let executor = start(store, &log).await;
-    assert_eq!(executor.wait(stuck).await.unwrap(), Outcome::Bypassed);
+    assert_eq!(
+        executor.wait(stuck).bounded().await.unwrap(),
+        Outcome::Bypassed
+    );
     assert!(matches!(
-        executor.wait(waiting).await.unwrap(),
+        executor.wait(waiting).bounded().await.unwrap(),
         Outcome::RolledBack(_)
     ));
     assert_eq!(
@@ -145,8 +149,11 @@ async fn cli_reads_a_live_store_and_bypasses_a_stuck_procedure_on_a_stopped_one(
         .submit(Job::new("next").locking("ns/t1"))
         .await
         .unwrap();
-    assert_eq!(executor.wait(next).await.unwrap(), Outcome::Succeeded);
-    executor.shutdown().await.unwrap();
+    assert_eq!(
+        executor.wait(next).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
+    executor.shutdown().bounded().await.unwrap();
 
     let show = json(&["show", "1"], store);
     assert_eq!(show["status"]["name"], "bypassed");

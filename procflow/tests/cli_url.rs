@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::Bounded;
 use common::ops::{Log, serve, start, three_jobs};
 use procflow::executor::{Outcome, Status};
 use serde_json::Value;
@@ -78,7 +79,10 @@ async fn cli_reads_and_acts_through_the_admin_api() {
     let (ok, out, err) = procflow(&bypass, &url).await;
     assert!(ok, "{err}");
     assert!(out.contains("done for 1 procedure(s)"), "{out}");
-    assert_eq!(executor.wait(beta).await.unwrap(), Outcome::Bypassed);
+    assert_eq!(
+        executor.wait(beta).bounded().await.unwrap(),
+        Outcome::Bypassed
+    );
     let abort = [
         "abort",
         &alpha.get().to_string(),
@@ -90,7 +94,7 @@ async fn cli_reads_and_acts_through_the_admin_api() {
     let (ok, _, err) = procflow(&abort, &url).await;
     assert!(ok, "{err}");
     assert!(matches!(
-        executor.wait(alpha).await.unwrap(),
+        executor.wait(alpha).bounded().await.unwrap(),
         Outcome::RolledBack(_)
     ));
     assert_eq!(log.count("undo reserve alpha"), 1);
@@ -98,6 +102,6 @@ async fn cli_reads_and_acts_through_the_admin_api() {
     let (ok, _, err) = procflow(&["list"], "http://127.0.0.1:9").await;
     assert!(!ok && err.contains("cannot reach the admin API"), "{err}");
 
-    server.shutdown().await.unwrap();
-    executor.shutdown().await.unwrap();
+    server.shutdown().bounded().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
 }

@@ -7,6 +7,7 @@
 
 mod common;
 
+use common::Bounded;
 use common::TestStore;
 use futures_util::future::join_all;
 use procflow::ProcedureId;
@@ -89,7 +90,7 @@ impl BusyStateHandlers for Busy {
     async fn meet(&mut self, ctx: &Context<Env>) -> Step<busy_state::Meet> {
         let barrier = ctx.env().meet.lock().unwrap().clone();
         if let Some(barrier) = barrier {
-            barrier.wait().await;
+            barrier.wait().bounded().await;
         }
         Ok(busy_state::Meet::Done.into())
     }
@@ -205,13 +206,20 @@ async fn a_hundred_thousand_suspended_procedures_have_no_task_keep_their_locks_a
 
     wake_accounts(&executor, &env, 0..N).await;
     for &id in &ids {
-        assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded, "{id}");
+        assert_eq!(
+            executor.wait(id).bounded().await.unwrap(),
+            Outcome::Succeeded,
+            "{id}"
+        );
     }
     // Account 7's end granted the rival its locks; it finds its account ready.
-    assert_eq!(executor.wait(rival).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(rival).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
     assert!(executor.held_locks().is_empty());
     assert_eq!(executor.state(ids[0]).unwrap().steps, 1);
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -243,9 +251,12 @@ async fn four_running_slots_still_run_four_new_procedures_at_once_beside_a_thous
 
     wake_accounts(&executor, &env, 0..1_000).await;
     for &id in &ids {
-        assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+        assert_eq!(
+            executor.wait(id).bounded().await.unwrap(),
+            Outcome::Succeeded
+        );
     }
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -256,7 +267,7 @@ async fn procedures_loaded_suspended_after_a_restart_are_dormant_and_keep_their_
     let executor = start(&store, &env, common::test_config()).await;
     let ids = submit_accounts(&executor, 0..N).await;
     all_suspended(&executor, &ids).await;
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
     drop(executor);
 
     let store = store.reopen();
@@ -272,10 +283,13 @@ async fn procedures_loaded_suspended_after_a_restart_are_dormant_and_keep_their_
 
     wake_accounts(&executor, &env, 0..N).await;
     for &id in &ids {
-        assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+        assert_eq!(
+            executor.wait(id).bounded().await.unwrap(),
+            Outcome::Succeeded
+        );
     }
     assert!(executor.held_locks().is_empty());
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -294,14 +308,20 @@ async fn a_dormant_procedure_queued_for_a_lock_rolls_back_on_abort_and_the_next_
 
     executor.abort(first).unwrap();
     assert!(matches!(
-        executor.wait(first).await.unwrap(),
+        executor.wait(first).bounded().await.unwrap(),
         Outcome::RolledBack(_)
     ));
     assert_eq!(executor.lock_waiters(), vec![second]);
 
     env.open(1);
     assert_eq!(executor.wake(&ready(1)).await.unwrap(), 1);
-    assert_eq!(executor.wait(holder).await.unwrap(), Outcome::Succeeded);
-    assert_eq!(executor.wait(second).await.unwrap(), Outcome::Succeeded);
-    executor.shutdown().await.unwrap();
+    assert_eq!(
+        executor.wait(holder).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
+    assert_eq!(
+        executor.wait(second).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
+    executor.shutdown().bounded().await.unwrap();
 }

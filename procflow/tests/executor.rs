@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Counter, CounterState, Grow, GrowState, Ledger, TestStore, test_config};
+use common::{Bounded, Counter, CounterState, Grow, GrowState, Ledger, TestStore, test_config};
 use procflow::ProcedureId;
 use procflow::executor::{
     Config, Executor, ExecutorError, Outcome, ProcedureInfo, Status, SubmitError, SubmitOptions,
@@ -66,7 +66,10 @@ async fn runs_to_success_reporting_progress(store: TestStore) {
     let ledger = Ledger::default();
     let executor = start(&store, &ledger).await;
     let id = executor.submit(Counter::named("p")).await.unwrap();
-    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(id).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
     let info = executor.state(id).unwrap();
     assert_eq!(
         info,
@@ -82,7 +85,7 @@ async fn runs_to_success_reporting_progress(store: TestStore) {
     );
     assert_eq!(ledger.value("p value"), Some(26));
     assert_eq!(executor.list(), [info]);
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
 }
 
 async fn failure_rolls_back_newest_first_and_keeps_the_error(store: TestStore) {
@@ -94,7 +97,7 @@ async fn failure_rolls_back_newest_first_and_keeps_the_error(store: TestStore) {
         ..Counter::named("p")
     };
     let id = executor.submit(counter).await.unwrap();
-    let outcome = executor.wait(id).await.unwrap();
+    let outcome = executor.wait(id).bounded().await.unwrap();
     assert_eq!(outcome, Outcome::RolledBack(Error::fatal("step 4 failed")));
     let rollbacks: Vec<_> = ledger
         .events()
@@ -114,7 +117,10 @@ async fn retryable_errors_are_retried_then_succeed(store: TestStore) {
         ..Counter::named("p")
     };
     let id = executor.submit(counter).await.unwrap();
-    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(id).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
     assert_eq!(ledger.count("p execute 2"), 4, "3 failures, then success");
     // `Context::attempt` numbered the tries 1 to 4; the next step starts at 1 again.
     for attempt in 1..=4 {
@@ -144,7 +150,7 @@ async fn spent_retry_budget_counts_as_fatal(store: TestStore) {
         ..Counter::named("p")
     };
     let id = executor.submit(counter).await.unwrap();
-    let outcome = executor.wait(id).await.unwrap();
+    let outcome = executor.wait(id).bounded().await.unwrap();
     assert_eq!(outcome, Outcome::RolledBack(Error::fatal("step 3 busy")));
     assert_eq!(ledger.count("p execute 3"), 5);
     assert_eq!(ledger.count("p rollback 2"), 1);
@@ -162,7 +168,7 @@ async fn rollback_retried_twice_then_rolled_back(store: TestStore) {
         ..Counter::named("p")
     };
     let id = executor.submit(counter).await.unwrap();
-    let outcome = executor.wait(id).await.unwrap();
+    let outcome = executor.wait(id).bounded().await.unwrap();
     assert_eq!(outcome, Outcome::RolledBack(Error::fatal("step 2 failed")));
     assert_eq!(ledger.count("p rollback 1"), 3);
 }
@@ -177,7 +183,7 @@ async fn rollback_that_keeps_failing_ends_failed(store: TestStore) {
         ..Counter::named("p")
     };
     let id = executor.submit(counter).await.unwrap();
-    let outcome = executor.wait(id).await.unwrap();
+    let outcome = executor.wait(id).bounded().await.unwrap();
     assert_eq!(outcome, Outcome::Failed(Error::fatal("step 2 failed")));
     assert_eq!(ledger.count("p rollback 1"), 5, "the rollback budget");
 }
@@ -190,7 +196,7 @@ async fn panicking_handler_fails_only_its_procedure(store: TestStore) {
         ..Counter::named("bad")
     };
     let bad = executor.submit(counter).await.unwrap();
-    let Outcome::RolledBack(error) = executor.wait(bad).await.unwrap() else {
+    let Outcome::RolledBack(error) = executor.wait(bad).bounded().await.unwrap() else {
         panic!("expected a rollback");
     };
     assert!(
@@ -199,7 +205,10 @@ async fn panicking_handler_fails_only_its_procedure(store: TestStore) {
     );
     assert!(error.is_fatal());
     let good = executor.submit(Counter::named("good")).await.unwrap();
-    assert_eq!(executor.wait(good).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(good).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
 }
 
 /// HBase TestStateMachineProcedure / ProcedureTestingUtility double execution: the
@@ -240,7 +249,7 @@ async fn kill_at_every_write(store: TestStore, point: WritePoint) {
             },
         };
         id = Some(pid);
-        match executor.wait(pid).await {
+        match executor.wait(pid).bounded().await {
             Ok(outcome) => break outcome,
             Err(ExecutorError::Killed) => kills += 1,
             Err(other) => panic!("{other}"),
@@ -274,9 +283,9 @@ async fn ids_are_monotonic_across_restarts(store: TestStore) {
         ids.push(executor.submit(Counter::named("p")).await.unwrap());
     }
     for id in &ids {
-        executor.wait(*id).await.unwrap();
+        executor.wait(*id).bounded().await.unwrap();
     }
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
     // Delete every record: ids must still not be reused.
     let store = store.reopen();
     let mut batch = Batch::new();
@@ -304,7 +313,7 @@ async fn nonce_returns_the_same_id_also_after_restart(store: TestStore) {
         .await
         .unwrap();
     assert_eq!(first, again);
-    executor.wait(first).await.unwrap();
+    executor.wait(first).bounded().await.unwrap();
     executor.kill();
     let executor = start(&store, &ledger).await;
     let after_restart = executor
@@ -387,7 +396,10 @@ async fn unregistered_machine_is_unloadable_and_kept(store: TestStore) {
     assert_eq!(unloadable[0].machine, "orphan");
     assert!(unloadable[0].reason.contains("not registered"));
     let id = executor.submit(Counter::named("p")).await.unwrap();
-    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(id).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
     let after = store.store.load().await.unwrap().records;
     assert_eq!(
         after.iter().find(|r| r.id == before[0].id),
@@ -413,7 +425,10 @@ async fn suspended_procedure_runs_again_when_woken(store: TestStore) {
     );
     ledger.push("p woken");
     assert_eq!(executor.wake("p").await.unwrap(), 1);
-    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(id).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
     assert_eq!(ledger.count("p execute 2"), 2);
     assert_eq!(ledger.value("p value"), Some(26));
 }
@@ -440,7 +455,10 @@ async fn suspension_timeout_survives_restart(store: TestStore) {
         Status::Suspended { .. }
     ));
     let started = std::time::Instant::now();
-    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(id).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(ledger.count("p execute 1"), 2);
 }
@@ -458,7 +476,7 @@ async fn abort_rolls_back_at_the_next_boundary(store: TestStore) {
         .await
         .unwrap();
     executor.abort(id).unwrap();
-    let outcome = executor.wait(id).await.unwrap();
+    let outcome = executor.wait(id).bounded().await.unwrap();
     assert_eq!(
         outcome,
         Outcome::RolledBack(Error::fatal("aborted on request"))
@@ -482,7 +500,7 @@ async fn timeout_fails_a_stuck_procedure(store: TestStore) {
     };
     let options = SubmitOptions::default().timeout(Duration::from_millis(250));
     let id = executor.submit_with(counter, options).await.unwrap();
-    let Outcome::RolledBack(error) = executor.wait(id).await.unwrap() else {
+    let Outcome::RolledBack(error) = executor.wait(id).bounded().await.unwrap() else {
         panic!("expected a rollback");
     };
     assert!(error.to_string().contains("timed out"), "{error}");
@@ -505,7 +523,7 @@ async fn finished_procedures_are_removed_after_retention(store: TestStore) {
         .submit_with(Counter::named("p"), options.clone())
         .await
         .unwrap();
-    executor.wait(id).await.unwrap();
+    executor.wait(id).bounded().await.unwrap();
     assert!(executor.state(id).is_some(), "kept right after it ends");
     for _ in 0..100 {
         if executor.state(id).is_none() {
@@ -563,7 +581,7 @@ async fn queue_full_is_an_error_not_memory(store: TestStore) {
         other => panic!("expected QueueFull, got {other:?}"),
     }
     // Room again once one ends.
-    executor.wait(a).await.unwrap();
+    executor.wait(a).bounded().await.unwrap();
     executor.submit(slow()).await.unwrap();
 }
 
@@ -622,7 +640,7 @@ async fn shutdown_finishes_the_step_in_flight_and_resumes_later(store: TestStore
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     assert_eq!(ledger.count("p execute 1"), 1, "step 1 started");
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
     // The step in flight (1) completed and was persisted; nothing else ran.
     assert_eq!(ledger.count("p execute 1"), 1);
     assert_eq!(ledger.count("p execute 2"), 0);
@@ -633,7 +651,10 @@ async fn shutdown_finishes_the_step_in_flight_and_resumes_later(store: TestStore
     let store = store.reopen();
     let executor = start(&store, &ledger).await;
     assert_eq!(executor.state(id).unwrap().steps, 1);
-    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(id).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
     assert_eq!(ledger.count("p execute 1"), 1, "not run again");
 }
 
@@ -643,7 +664,7 @@ async fn subscription_sees_the_terminal_state(store: TestStore) {
     let id = executor.submit(Counter::named("p")).await.unwrap();
     let mut receiver = executor.subscribe(id).unwrap();
     // Read nothing until well after the end: the receiver still holds the final snapshot.
-    executor.wait(id).await.unwrap();
+    executor.wait(id).bounded().await.unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
     let last = receiver.borrow_and_update().clone();
     assert_eq!((last.status, last.steps), (Status::Succeeded, 4));
@@ -698,7 +719,7 @@ async fn a_value_the_store_refuses_fails_only_its_procedure() {
     // stored step, durably (the store says it ended: no restart resumes it).
     let grow = Grow::new();
     let id = executor.submit(grow).await.unwrap();
-    match executor.wait(id).await.unwrap() {
+    match executor.wait(id).bounded().await.unwrap() {
         Outcome::RolledBack(error) => {
             assert!(error.to_string().contains("cannot be stored"), "{error}");
         }
@@ -719,7 +740,10 @@ async fn a_value_the_store_refuses_fails_only_its_procedure() {
     );
     // The executor goes on.
     let ok = executor.submit(Counter::named("small")).await.unwrap();
-    assert_eq!(executor.wait(ok).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(ok).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
 }
 
 /// What a spawned `wait` returned; a waiter never answered fails the test.
@@ -758,7 +782,7 @@ async fn wait_answers_every_waiter_once_the_procedure_ends(store: TestStore) {
     let waiters: Vec<_> = (0..3)
         .map(|_| {
             let executor = executor.clone();
-            tokio::spawn(async move { executor.wait(id).await })
+            tokio::spawn(async move { executor.wait(id).bounded().await })
         })
         .collect();
     ledger.push("p woken");
@@ -766,13 +790,16 @@ async fn wait_answers_every_waiter_once_the_procedure_ends(store: TestStore) {
     for waiter in waiters {
         assert_eq!(answer(waiter).await.unwrap(), Outcome::Succeeded);
     }
-    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(id).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
     let unknown = ProcedureId::new(id.get() + 1_000);
     assert!(matches!(
-        executor.wait(unknown).await,
+        executor.wait(unknown).bounded().await,
         Err(ExecutorError::NotFound(missing)) if missing == unknown
     ));
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
 }
 
 /// A procedure that has not ended when the executor stops: `wait` returns why it stopped
@@ -783,15 +810,15 @@ async fn wait_gives_the_stop_reason_when_the_executor_stops_first(store: TestSto
     let id = suspended_counter(&executor, "p").await;
     let waiting = {
         let executor = executor.clone();
-        tokio::spawn(async move { executor.wait(id).await })
+        tokio::spawn(async move { executor.wait(id).bounded().await })
     };
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
     assert!(matches!(
         answer(waiting).await,
         Err(ExecutorError::ShutDown)
     ));
     assert!(matches!(
-        executor.wait(id).await,
+        executor.wait(id).bounded().await,
         Err(ExecutorError::ShutDown)
     ));
     drop(executor);
@@ -800,12 +827,12 @@ async fn wait_gives_the_stop_reason_when_the_executor_stops_first(store: TestSto
     let executor = start(&store, &ledger).await;
     let waiting = {
         let executor = executor.clone();
-        tokio::spawn(async move { executor.wait(id).await })
+        tokio::spawn(async move { executor.wait(id).bounded().await })
     };
     executor.kill();
     assert!(matches!(answer(waiting).await, Err(ExecutorError::Killed)));
     assert!(matches!(
-        executor.wait(id).await,
+        executor.wait(id).bounded().await,
         Err(ExecutorError::Killed)
     ));
 }

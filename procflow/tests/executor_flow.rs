@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Ledger, TestStore};
+use common::{Bounded, Ledger, TestStore};
 use procflow::executor::{Executor, Outcome};
 use procflow::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -82,7 +82,10 @@ async fn failures_past_a_point_of_no_return_are_retried_not_rolled_back(store: T
         })
         .await
         .unwrap();
-    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(id).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
     assert_eq!(ledger.count("publish"), 9);
     assert_eq!(ledger.count("rollback reserve"), 0);
 }
@@ -98,7 +101,7 @@ async fn fatal_error_before_the_point_of_no_return_rolls_back(store: TestStore) 
         .await
         .unwrap();
     assert_eq!(
-        executor.wait(id).await.unwrap(),
+        executor.wait(id).bounded().await.unwrap(),
         Outcome::RolledBack(Error::fatal("no capacity"))
     );
     assert_eq!(ledger.count("reserve"), 1, "fatal: not retried");
@@ -129,7 +132,7 @@ async fn step_cycle_is_fatal(store: TestStore) {
     let ledger = Ledger::default();
     let executor = commit_executor(&store, &ledger).await;
     let id = executor.submit(Loop).await.unwrap();
-    let outcome = executor.wait(id).await.unwrap();
+    let outcome = executor.wait(id).bounded().await.unwrap();
     assert_eq!(
         outcome,
         Outcome::RolledBack(Error::StepCycle {
@@ -199,7 +202,10 @@ async fn yielding_procedures_interleave_and_keep_their_order(store: TestStore) {
         ids.push(executor.submit(turns).await.unwrap());
     }
     for id in ids {
-        assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
+        assert_eq!(
+            executor.wait(id).bounded().await.unwrap(),
+            Outcome::Succeeded
+        );
     }
     for name in ["p1", "p2", "p3"] {
         let own: Vec<_> = ledger

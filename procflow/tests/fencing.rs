@@ -2,6 +2,10 @@
 //! one is still alive (a paused process, not a dead one); the old one's next write is
 //! refused by the store and it stops, and the new one resumes every procedure.
 
+#[path = "common/bounded.rs"]
+mod bounded;
+
+use bounded::Bounded;
 use procflow::executor::{Executor, ExecutorError, Outcome, SubmitError};
 use procflow::prelude::*;
 use procflow_store::{MemStore, Store, WalConfig, WalStore};
@@ -113,7 +117,10 @@ async fn a_newer_executor_fences_the_old_one_which_stops_at_its_next_write() {
         .await
         .unwrap();
     for &id in &ids {
-        assert!(matches!(new.wait(id).await.unwrap(), Outcome::Succeeded));
+        assert!(matches!(
+            new.wait(id).bounded().await.unwrap(),
+            Outcome::Succeeded
+        ));
     }
     assert_eq!(new_env.entered("Work"), 3, "the new owner reran Work");
     assert!(new_env.tokens().iter().all(|token| *token == Some(2)));
@@ -143,7 +150,7 @@ async fn a_newer_executor_fences_the_old_one_which_stops_at_its_next_write() {
         let record = loaded.records.iter().find(|r| r.id == id.get()).unwrap();
         assert!(record.finished, "procedure {id} is finished in the store");
     }
-    new.shutdown().await.unwrap();
+    new.shutdown().bounded().await.unwrap();
 }
 
 #[tokio::test]
@@ -166,8 +173,11 @@ async fn starting_with_a_lower_token_than_the_store_has_seen_is_refused() {
     );
     // The refused start changed nothing: the newer owner goes on.
     let id = newer.submit(Move).await.unwrap();
-    assert!(matches!(newer.wait(id).await.unwrap(), Outcome::Succeeded));
-    newer.shutdown().await.unwrap();
+    assert!(matches!(
+        newer.wait(id).bounded().await.unwrap(),
+        Outcome::Succeeded
+    ));
+    newer.shutdown().bounded().await.unwrap();
 }
 
 #[tokio::test]
@@ -181,7 +191,7 @@ async fn the_fence_survives_reopening_a_write_ahead_log() {
         let newer = executor(Arc::clone(&store), Env::new(true), 9)
             .await
             .unwrap();
-        newer.shutdown().await.unwrap();
+        newer.shutdown().bounded().await.unwrap();
         store.close().await.unwrap();
     }
     let store = open();
@@ -199,5 +209,5 @@ async fn the_fence_survives_reopening_a_write_ahead_log() {
     );
     // The same token again is the same owner coming back: allowed.
     let again = executor(store, Env::new(true), 9).await.unwrap();
-    again.shutdown().await.unwrap();
+    again.shutdown().bounded().await.unwrap();
 }

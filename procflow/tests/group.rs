@@ -2,6 +2,10 @@
 //! procedures, standbys name it, and when its term ends (a lost lease, or a shutdown) a
 //! standby takes over, fenced against the old leader, and finishes every procedure.
 
+#[path = "common/bounded.rs"]
+mod bounded;
+
+use bounded::Bounded;
 use procflow::executor::{Executor, ExecutorError, Outcome};
 use procflow::group::{Election, ExecutorGroup, GroupError, LocalElection};
 use procflow::prelude::*;
@@ -127,7 +131,7 @@ async fn a_standby_takes_over_when_the_leader_loses_its_term_and_the_old_leader_
     let executor = new.executor().await.unwrap();
     for &id in &ids {
         assert!(matches!(
-            executor.wait(id).await.unwrap(),
+            executor.wait(id).bounded().await.unwrap(),
             Outcome::Succeeded
         ));
     }
@@ -173,7 +177,7 @@ async fn a_standby_takes_over_when_the_leader_loses_its_term_and_the_old_leader_
     }
 
     for member in [&first, &others[0], &others[1]] {
-        member.shutdown().await.unwrap();
+        member.shutdown().bounded().await.unwrap();
     }
 }
 
@@ -192,7 +196,7 @@ async fn a_leader_that_shuts_down_hands_its_procedures_over() {
     eventually("two procedures in Work", || closed.worked() == 2).await;
     // The shutdown waits for the steps in flight, so let them end after it starts.
     let shutdown = tokio::spawn(async move {
-        a.shutdown().await.unwrap();
+        a.shutdown().bounded().await.unwrap();
         a
     });
     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -202,10 +206,10 @@ async fn a_leader_that_shuts_down_hands_its_procedures_over() {
     let executor = b.leading().await;
     let mut outcomes = HashMap::new();
     for id in ids {
-        outcomes.insert(id, executor.wait(id).await.unwrap());
+        outcomes.insert(id, executor.wait(id).bounded().await.unwrap());
     }
     assert!(outcomes.values().all(|o| matches!(o, Outcome::Succeeded)));
-    b.shutdown().await.unwrap();
+    b.shutdown().bounded().await.unwrap();
 }
 
 #[tokio::test]
@@ -284,13 +288,13 @@ mod on_etcd {
         let executor = new.executor().await.unwrap();
         for &id in &ids {
             assert!(matches!(
-                executor.wait(id).await.unwrap(),
+                executor.wait(id).bounded().await.unwrap(),
                 Outcome::Succeeded
             ));
         }
         eventually("the old leader to stop", || leader.halted().is_some()).await;
         for member in [&first, &others[0], &others[1]] {
-            member.shutdown().await.unwrap();
+            member.shutdown().bounded().await.unwrap();
         }
     }
 

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{Counter, CounterState, Grow, GrowState, Ledger, TestStore, test_config};
+use common::{Bounded, Counter, CounterState, Grow, GrowState, Ledger, TestStore, test_config};
 use procflow::ProcedureId;
 use procflow::executor::{Config, Executor, Outcome, Status, SubmitOptions};
 use procflow::locks::{Lock, LockKeyError, Locks};
@@ -364,7 +364,7 @@ async fn p02_a_child_missing_for_undo_fails_the_parent_naming_it() {
         .into_iter()
         .find(|i| i.parent == Some(id))
         .unwrap();
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
     // The child's record is gone (a damaged store, a hand-made deletion).
     store
         .store
@@ -537,7 +537,7 @@ async fn p05_for_life_locks_are_restored_before_a_lower_id_waiter_runs() {
     ledger.push("waiter go");
     executor.wake("waiter").await.unwrap();
     status_is(&executor, waiter, |s| *s == Status::WaitingForLock).await;
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
 
     let store = store.reopen();
     let executor = start(&store, &ledger).await;
@@ -586,7 +586,7 @@ async fn p06_a_refused_write_ends_the_procedure_durably_before_its_locks_go() {
         "`wait` said it ended, so the store must too"
     );
     assert_eq!(executor.held_locks(), []);
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
     // A restart does not bring it back.
     let executor = start(&store, &ledger).await;
     assert_eq!(outcome(&executor, id).await, Outcome::RolledBack(error));
@@ -626,7 +626,7 @@ async fn p07_a_wake_right_after_a_restart_reaches_suspended_procedures() {
     };
     let id = executor.submit(counter).await.unwrap();
     status_is(&executor, id, |s| matches!(s, Status::Suspended { .. })).await;
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
 
     let store = store.reopen();
     let executor = start(&store, &ledger).await;
@@ -692,7 +692,7 @@ async fn p08_a_wake_is_durable_once_wake_returns() {
     ledger.push("p woken");
     assert_eq!(executor.wake("p").await.unwrap(), 1);
     executor.kill();
-    let _ = executor.shutdown().await;
+    let _ = executor.shutdown().bounded().await;
     drop(executor);
 
     let store = store.reopen();
@@ -789,7 +789,7 @@ async fn p10_ids_are_never_reused_after_a_refused_batch_and_a_restart() {
     while !store.store.list().await.unwrap().is_empty() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
     let executor = builder(&store, &ledger, config).start().await.unwrap();
     let next = executor.submit(Counter::named("b")).await.unwrap();
     assert!(next > first, "id {next:?} handed out again after {first:?}");

@@ -7,6 +7,7 @@
 
 mod common;
 
+use common::Bounded;
 use common::TestStore;
 use procflow::executor::{Executor, ExecutorError, Outcome, Status, WriteKind, WritePoint};
 use procflow::locks::{Lock, LockKeyError, Locks};
@@ -206,7 +207,7 @@ async fn restart(
     env: &Arc<Env>,
     build: Build,
 ) -> (Executor<Env>, TestStore) {
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
     drop(executor);
     let store = store.reopen();
     let executor = start(&store, env, build).await;
@@ -271,7 +272,10 @@ async fn dormant_procedures_are_not_decoded_until_they_run(store: TestStore) {
     let job = Job { tag, n: 7 };
     env.open(&job);
     assert_eq!(executor.wake(&event(tag, 7)).await.unwrap(), 1);
-    assert_eq!(executor.wait(ids[7]).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(ids[7]).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
     assert_eq!(decodes(tag), 1);
     assert_eq!(executor.held_locks().len(), N as usize - 1);
 
@@ -283,7 +287,7 @@ async fn dormant_procedures_are_not_decoded_until_they_run(store: TestStore) {
     assert_eq!(executor.state(ids[7]).unwrap().status, Status::Succeeded);
     assert_eq!(decodes(tag), 1);
     assert!(executor.unloadable().is_empty());
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
 }
 
 async fn data_that_no_longer_decodes_is_unloadable_when_woken_and_kept(store: TestStore) {
@@ -306,7 +310,7 @@ async fn data_that_no_longer_decodes_is_unloadable_when_woken_and_kept(store: Te
     let waiter = {
         let executor = executor.clone();
         let id = ids[1];
-        tokio::spawn(async move { executor.wait(id).await })
+        tokio::spawn(async move { executor.wait(id).bounded().await })
     };
     env.open(&Job { tag, n: 1 });
     assert_eq!(executor.wake(&event(tag, 1)).await.unwrap(), 1);
@@ -319,7 +323,7 @@ async fn data_that_no_longer_decodes_is_unloadable_when_woken_and_kept(store: Te
         Err(ExecutorError::NotFound(id)) if id == ids[1]
     ));
     assert!(matches!(
-        executor.wait(ids[1]).await,
+        executor.wait(ids[1]).bounded().await,
         Err(ExecutorError::NotFound(_))
     ));
     assert_eq!(executor.state(ids[1]), None);
@@ -340,7 +344,10 @@ async fn data_that_no_longer_decodes_is_unloadable_when_woken_and_kept(store: Te
         owner: "ops".into(),
     };
     let fresh = executor.submit(fresh).await.unwrap();
-    assert_eq!(executor.wait(fresh).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(fresh).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
 
     // Stored as it was, but for the durable wake-up (it waits for nothing now): the
     // snapshot — cursor and data — is byte for byte the one written before the restart.
@@ -352,9 +359,12 @@ async fn data_that_no_longer_decodes_is_unloadable_when_woken_and_kept(store: Te
 
     // A build that reads it again runs it to its end.
     let (executor, _store) = restart(executor, store, &env, Build::Old).await;
-    assert_eq!(executor.wait(ids[1]).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(ids[1]).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
     assert!(executor.unloadable().is_empty());
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
 }
 
 /// A job's cursor while it waits for its event.
@@ -386,7 +396,7 @@ async fn a_ready_procedure_whose_data_no_longer_decodes_leaves_its_record_as_it_
     assert!(matches!(executor.halted(), Some(ExecutorError::Killed)));
     // Its tasks end after the mode changed; until they have, they hold the WAL open (the
     // reopen below would find it locked). A halted executor's shutdown waits for them.
-    let _ = executor.shutdown().await;
+    let _ = executor.shutdown().bounded().await;
     drop(executor);
     let before = stored(&store, id).await;
 
@@ -395,7 +405,7 @@ async fn a_ready_procedure_whose_data_no_longer_decodes_leaves_its_record_as_it_
     let found = unloadable(&executor, id).await;
     assert!(found.reason.contains("cannot read snapshot"), "{found:?}");
     assert!(executor.held_locks().is_empty());
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
     assert_eq!(stored(&store, id).await, before, "the record was written");
 }
 
@@ -418,7 +428,7 @@ async fn a_parent_whose_child_turns_out_unloadable_fails_naming_it(store: TestSt
     assert_eq!(executor.wake(&event(tag, 0)).await.unwrap(), 1);
     // As for a child missing at start: the parent stops and, since it cannot tell
     // whether that child needs undoing, ends failed, naming it.
-    let outcome = executor.wait(parent).await.unwrap();
+    let outcome = executor.wait(parent).bounded().await.unwrap();
     let Outcome::Failed(error) = outcome else {
         panic!("the parent did not fail: {outcome:?}");
     };
@@ -428,7 +438,7 @@ async fn a_parent_whose_child_turns_out_unloadable_fails_naming_it(store: TestSt
         "{error}"
     );
     assert_eq!(unloadable(&executor, child).await.machine, "job");
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
 }
 
 async fn an_abort_of_a_dormant_procedure_rewrites_its_data_byte_for_byte(store: TestStore) {
@@ -441,7 +451,7 @@ async fn an_abort_of_a_dormant_procedure_rewrites_its_data_byte_for_byte(store: 
     let (executor, store) = restart(executor, store, &env, Build::Old).await;
     status_is(&executor, id, suspended).await;
     executor.abort(id).unwrap();
-    let Outcome::RolledBack(cause) = executor.wait(id).await.unwrap() else {
+    let Outcome::RolledBack(cause) = executor.wait(id).bounded().await.unwrap() else {
         panic!("the abort did not roll it back");
     };
     // Written twice (the rollback, then the end) without its data ever being decoded...
@@ -452,5 +462,5 @@ async fn an_abort_of_a_dormant_procedure_rewrites_its_data_byte_for_byte(store: 
     let snapshot = codec::encode::<JobState>(&job, &cursor).unwrap();
     assert!(stored(&store, id).await.ends_with(&snapshot));
     assert!(executor.held_locks().is_empty());
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
 }

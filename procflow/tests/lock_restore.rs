@@ -19,7 +19,7 @@ use procflow::executor::{
 use procflow::locks::{Lock, LockKeyError, Locks};
 use procflow::operator::Catalog;
 use procflow::prelude::*;
-use procflow_store::{Batch, Store};
+use procflow_store::Batch;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -459,6 +459,7 @@ on_both_stores_current_thread! {
 /// other holds it in its second step), crashed before and after every other rollback
 /// write: no two of them ever hold the key. (With 97d3157's restore, a restart after the
 /// queued one's rollback write gave the key to both, and this check fails.)
+#[cfg(feature = "testing")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p6_crash_tests_check_that_no_two_procedures_hold_conflicting_locks() {
     use procflow::testing::CrashTest;
@@ -491,6 +492,7 @@ async fn p6_crash_tests_check_that_no_two_procedures_hold_conflicting_locks() {
 mod on_etcd {
     use super::*;
     use procflow_store::etcd::etcd_client::Client;
+    use procflow_store::Store;
     use procflow_store::etcd::{EtcdConfig, EtcdStore, LocalCluster};
 
     /// Puts a new leader key (as an election would) and returns its create revision, the

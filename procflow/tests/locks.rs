@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Ledger, TestStore};
+use common::{Bounded, Ledger, TestStore};
 use procflow::ProcedureId;
 use procflow::executor::{Executor, Outcome, Status};
 use procflow::locks::{Lock, LockKeyError, Locks};
@@ -153,17 +153,23 @@ async fn lock_held_for_life_excludes_until_the_end(store: TestStore) {
     let p2 = executor.submit(Holder::new("p2", &["A"])).await.unwrap();
     status(&executor, p2, Status::WaitingForLock).await;
     let p3 = executor.submit(Holder::new("p3", &["B"])).await.unwrap();
-    assert_eq!(executor.wait(p3).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(p3).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
     assert_eq!(executor.lock_waiters(), [p2]);
     assert_eq!(ledger.count("p2 work"), 0);
     // p1 fails (it holds A while suspended, and while rolling back); then p2 runs.
     ledger.push("p1-fails go");
     executor.wake("p1-fails").await.unwrap();
     assert!(matches!(
-        executor.wait(p1).await.unwrap(),
+        executor.wait(p1).bounded().await.unwrap(),
         Outcome::RolledBack(_)
     ));
-    assert_eq!(executor.wait(p2).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(p2).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
     let order: Vec<_> = ledger
         .events()
         .into_iter()
@@ -204,10 +210,16 @@ async fn per_step_locks_are_free_between_steps(store: TestStore) {
     })
     .await;
     let p2 = executor.submit(Holder::new("p2", &["A"])).await.unwrap();
-    assert_eq!(executor.wait(p2).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(p2).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
     ledger.push("p1 go");
     executor.wake("p1").await.unwrap();
-    assert_eq!(executor.wait(p1).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(p1).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
 }
 
 async fn invalid_lock_key_fails_before_the_first_step(store: TestStore) {
@@ -217,7 +229,7 @@ async fn invalid_lock_key_fails_before_the_first_step(store: TestStore) {
         .submit(Holder::new("bad", &["ns//t1"]))
         .await
         .unwrap();
-    let Outcome::RolledBack(error) = executor.wait(id).await.unwrap() else {
+    let Outcome::RolledBack(error) = executor.wait(id).bounded().await.unwrap() else {
         panic!("expected a rollback");
     };
     assert!(error.to_string().contains("ns//t1"), "{error}");
@@ -247,6 +259,12 @@ async fn locks_are_taken_again_after_a_restart(store: TestStore) {
     status(&executor, p2, Status::WaitingForLock).await;
     ledger.push("p1 go");
     executor.wake("p1").await.unwrap();
-    assert_eq!(executor.wait(p2).await.unwrap(), Outcome::Succeeded);
-    assert_eq!(executor.wait(p1).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(p2).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
+    assert_eq!(
+        executor.wait(p1).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
 }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{Counter, CounterState, Ledger, TestStore};
+use common::{Bounded, Counter, CounterState, Ledger, TestStore};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use procflow::executor::Outcome;
 use std::sync::{Arc, Mutex};
@@ -48,9 +48,12 @@ async fn spans_counters_and_step_latency() {
         ..Counter::named("bad")
     };
     let bad = executor.submit(failing).await.unwrap();
-    assert_eq!(executor.wait(ok).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(ok).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
     assert!(matches!(
-        executor.wait(bad).await.unwrap(),
+        executor.wait(bad).bounded().await.unwrap(),
         Outcome::RolledBack(_)
     ));
 

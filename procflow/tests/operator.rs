@@ -2,6 +2,7 @@
 
 mod common;
 
+use common::Bounded;
 use common::ops::{Job, JobState, Log, start, until};
 use procflow::executor::{
     Executor, ExecutorError, Handled, Outcome, Status, WriteKind, WritePoint,
@@ -49,7 +50,7 @@ async fn an_abort_request_survives_a_kill_before_it_is_acted_on() {
     );
 
     let executor = start(dir.path(), &log).await;
-    let outcome = executor.wait(id).await.unwrap();
+    let outcome = executor.wait(id).bounded().await.unwrap();
     assert_eq!(
         outcome,
         Outcome::RolledBack(procflow::Error::fatal("aborted by alice: wrong table"))
@@ -91,7 +92,7 @@ async fn an_abort_request_survives_a_kill_before_it_is_acted_on() {
     let undone = undone.map(|e| (e.state.as_str(), &e.outcome));
     assert_eq!(undone, Some(("Reserve", &StepOutcome::Undone)));
     assert_eq!(catalog.path(id).unwrap().undone, ["Reserve"]);
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,12 +153,18 @@ async fn bypass_ends_a_stuck_procedure_frees_its_locks_and_records_who() {
         .await
         .unwrap();
     assert_eq!(handled, Handled::Done { procedures: 1 });
-    assert_eq!(executor.wait(stuck).await.unwrap(), Outcome::Bypassed);
+    assert_eq!(
+        executor.wait(stuck).bounded().await.unwrap(),
+        Outcome::Bypassed
+    );
     // Its lock is free: the waiter gets it and runs (once let go).
     log.let_go("next");
     until(&executor, next, |s| suspended(s) || s.is_finished()).await;
     executor.wake("go-next").await.unwrap();
-    assert_eq!(executor.wait(next).await.unwrap(), Outcome::Succeeded);
+    assert_eq!(
+        executor.wait(next).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
 
     let record = executor.record(stuck).await.unwrap().unwrap();
     assert_eq!(record.status, Status::Bypassed);
@@ -174,7 +181,7 @@ async fn bypass_ends_a_stuck_procedure_frees_its_locks_and_records_who() {
             reason: "commit done by hand".into()
         }
     );
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,7 +211,7 @@ async fn an_abort_past_the_point_of_no_return_is_refused_and_dropped() {
             .pending_requests()
             .is_empty()
     );
-    executor.shutdown().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -220,8 +227,11 @@ async fn the_record_at_rest_has_the_history_and_the_path() {
         .await
         .unwrap();
     assert_eq!(woken, Handled::Done { procedures: 1 });
-    assert_eq!(executor.wait(id).await.unwrap(), Outcome::Succeeded);
-    executor.shutdown().await.unwrap();
+    assert_eq!(
+        executor.wait(id).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
+    executor.shutdown().bounded().await.unwrap();
 
     let catalog = Catalog::from_loaded(&WalStore::read_only(dir.path()).unwrap());
     let record = catalog.get(id).unwrap();
@@ -308,7 +318,7 @@ mod on_etcd {
         assert!(other.meta("procflow/request/").await.unwrap().is_empty());
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(log.count("undo reserve alpha"), 1);
-        executor.shutdown().await.unwrap();
+        executor.shutdown().bounded().await.unwrap();
         other.close().await.unwrap();
     }
 }

@@ -1,7 +1,11 @@
 //! Test machines and stores shared by the executor tests.
 #![allow(dead_code)] // Each test file uses a different part.
 
+pub mod bounded;
 pub mod ops;
+
+#[allow(unused_imports)] // Each test file uses a different part.
+pub use bounded::{Bounded, PATIENCE};
 
 use procflow::executor::{Config, Executor, ExecutorBuilder, RetryPolicy};
 use procflow::prelude::*;
@@ -352,23 +356,6 @@ macro_rules! on_both_stores {
         }
     };
 }
-
-/// How long a test lets an executor's `wait` or `shutdown` take before it fails: a hang
-/// is a failure with a message, never a test that runs until CI kills it.
-pub const PATIENCE: Duration = Duration::from_secs(60);
-
-/// `.bounded()` on a future: the future's output, or a panic after [`PATIENCE`].
-pub trait Bounded: std::future::Future + Sized {
-    fn bounded(self) -> impl std::future::Future<Output = Self::Output> {
-        async move {
-            tokio::time::timeout(PATIENCE, self)
-                .await
-                .unwrap_or_else(|_| panic!("still waiting after {PATIENCE:?}: it hangs"))
-        }
-    }
-}
-
-impl<F: std::future::Future> Bounded for F {}
 
 /// Waits until procedure `id`'s status satisfies `wanted`; after `patience`, fails the
 /// test with the status it is stuck in instead of hanging.
