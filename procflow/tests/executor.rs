@@ -237,12 +237,20 @@ async fn kill_at_every_write(store: TestStore, point: WritePoint) {
             Some(pid) => pid,
             None => match executor.submit(Counter::named("p")).await {
                 Ok(pid) => pid,
+                // Killed before the submit's write: a refusal, nothing stored.
                 Err(SubmitError::Executor(ExecutorError::Killed)) => {
+                    assert_eq!(point, WritePoint::Before);
                     kills += 1;
-                    // Killed after the submit's write, the procedure exists (the first id).
-                    if point == WritePoint::After {
-                        id = Some(ProcedureId::new(1));
-                    }
+                    continue;
+                }
+                // Killed after it: the procedure exists, and the error says it may.
+                Err(SubmitError::MaybeStored {
+                    id: stored,
+                    source: ExecutorError::Killed,
+                }) => {
+                    assert_eq!(point, WritePoint::After);
+                    kills += 1;
+                    id = Some(stored);
                     continue;
                 }
                 Err(other) => panic!("{other}"),

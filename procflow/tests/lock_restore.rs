@@ -491,8 +491,8 @@ async fn p6_crash_tests_check_that_no_two_procedures_hold_conflicting_locks() {
 #[cfg(feature = "etcd")]
 mod on_etcd {
     use super::*;
-    use procflow_store::etcd::etcd_client::Client;
     use procflow_store::Store;
+    use procflow_store::etcd::etcd_client::Client;
     use procflow_store::etcd::{EtcdConfig, EtcdStore, LocalCluster};
 
     /// Puts a new leader key (as an election would) and returns its create revision, the

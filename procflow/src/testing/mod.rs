@@ -588,7 +588,11 @@ impl<M: StateMachine> StepByStep<M> {
             .kill_hook(stop_after_submit);
         let executor = setup(builder).start().await?;
         let id = match executor.submit_as::<M>(procedure).await {
-            Err(SubmitError::Executor(ExecutorError::Killed)) => ProcedureId::new(1),
+            // Stopped right after the submit's write, as the hook asks: it is stored.
+            Err(SubmitError::MaybeStored {
+                id,
+                source: ExecutorError::Killed,
+            }) => id,
             Ok(id) => id,
             Err(other) => return Err(other.into()),
         };
