@@ -209,9 +209,14 @@ async fn holder(executor: &Executor<Ledger>) -> ProcedureId {
 /// Point 2 and the first way of issue 29: a child that succeeded gave its lock back; its
 /// failing parent revives it to roll back, and it queues behind another holder. The
 /// restart gives the lock to the holder only, and the child rolls back after it.
-async fn a_revived_child_queued_behind_a_holder_does_not_get_the_lock_at_restart(store: TestStore) {
-    let ledger = Ledger::default();
-    let first = start(&store, &ledger).await;
+/// The revived-child scenario up to the crash: `o1`'s item `i1` succeeded and gave its
+/// key back, `q` took it, `o1` failed and revived `i1`, which queued behind `q`; then the
+/// executor was killed. Returns `o1` and `q`.
+async fn revived_child_queued_then_killed(
+    store: &TestStore,
+    ledger: &Ledger,
+) -> (ProcedureId, ProcedureId) {
+    let first = start(store, ledger).await;
     let order = Order {
         name: "o1".into(),
         items: vec![Item::on("i1", STOCK)],
@@ -221,10 +226,15 @@ async fn a_revived_child_queued_behind_a_holder_does_not_get_the_lock_at_restart
     let i1 = child(&first, o1, 0);
     assert_eq!(first.state(i1).unwrap().status, Status::Succeeded);
     let q = holder(&first).await;
-    go(&first, &ledger, "o1").await;
+    go(&first, ledger, "o1").await;
     status(&first, i1, waiting_for_lock).await; // Revived, queued behind `q`.
     first.kill();
+    (o1, q)
+}
 
+async fn a_revived_child_queued_behind_a_holder_does_not_get_the_lock_at_restart(store: TestStore) {
+    let ledger = Ledger::default();
+    let (o1, q) = revived_child_queued_then_killed(&store, &ledger).await;
     let second = start(&store, &ledger).await;
     assert_eq!(
         held(&second),
@@ -240,6 +250,22 @@ async fn a_revived_child_queued_behind_a_holder_does_not_get_the_lock_at_restart
     let events = ledger.events();
     let at = |event: &str| events.iter().position(|e| e == event).unwrap();
     assert!(at("q Pack") < at("i1 undo Pack"), "{events:?}");
+    second.shutdown().bounded().await.unwrap();
+}
+
+/// Point 3: the operator views read the same stored field as the restart: at rest
+/// (`procflow locks --store` prints `Catalog::held_locks`) and live (the admin page reads
+/// the executor's catalog and lock table), the holder only.
+async fn the_operator_views_show_the_stored_holders(store: TestStore) {
+    let ledger = Ledger::default();
+    let (_, q) = revived_child_queued_then_killed(&store, &ledger).await;
+    let only_q = [(q, Lock::exclusive(STOCK).unwrap())];
+    let at_rest = Catalog::load(store.store.as_ref()).await.unwrap();
+    assert_eq!(at_rest.held_locks(), only_q, "at rest");
+    let second = start(&store, &ledger).await;
+    let live = second.catalog().await.unwrap();
+    assert_eq!(live.held_locks(), only_q, "live");
+    assert_eq!(second.held_locks(), only_q, "the lock table");
     second.shutdown().bounded().await.unwrap();
 }
 
@@ -447,6 +473,8 @@ on_both_stores_current_thread! {
         a_procedure_killed_in_its_first_step_gets_its_lock_back;
     p2_a_revived_child_queued_behind_a_holder_does_not_get_the_lock_at_restart =>
         a_revived_child_queued_behind_a_holder_does_not_get_the_lock_at_restart;
+    p3_the_operator_views_show_the_stored_holders =>
+        the_operator_views_show_the_stored_holders;
     p2_a_procedure_stopped_while_queued_does_not_get_the_lock_at_restart =>
         a_procedure_stopped_while_queued_does_not_get_the_lock_at_restart;
     p2_a_store_with_two_holders_of_one_exclusive_lock_does_not_start =>
