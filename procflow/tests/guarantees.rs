@@ -9,9 +9,7 @@ use procflow::ProcedureId;
 use procflow::executor::{Config, Executor, Outcome, Status, SubmitOptions};
 use procflow::locks::{Lock, LockKeyError, Locks};
 use procflow::prelude::*;
-use procflow::store::{
-    Batch, BoxFuture, Limits, Loaded, MemStore, ProcId, Record, RecordInfo, Store, StoreError,
-};
+use procflow::store::{Batch, Limits, MemStore, Store};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::Duration;
@@ -707,44 +705,19 @@ async fn p08_a_wake_is_durable_once_wake_returns() {
 /// A `MemStore` whose commits take `delay` and, like the WAL's committer thread, land
 /// whether or not the caller still waits for them (so a test can drop a submit
 /// mid-write).
-struct SlowStore {
-    inner: Arc<MemStore>,
-    delay: Duration,
-}
-
-impl Store for SlowStore {
-    fn commit(&self, batch: Batch) -> BoxFuture<'_, Result<(), StoreError>> {
-        let inner = Arc::clone(&self.inner);
-        let delay = self.delay;
+fn slow_store(delay: Duration) -> common::Hooked {
+    common::Hooked::new(MemStore::new(), move |inner, batch| {
         let write = tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             inner.commit(batch).await
         });
         Box::pin(async move { write.await.expect("the write task") })
-    }
-    fn load(&self) -> BoxFuture<'_, Result<Loaded, StoreError>> {
-        self.inner.load()
-    }
-    fn get(&self, id: ProcId) -> BoxFuture<'_, Result<Option<Record>, StoreError>> {
-        self.inner.get(id)
-    }
-    fn list(&self) -> BoxFuture<'_, Result<Vec<RecordInfo>, StoreError>> {
-        self.inner.list()
-    }
-    fn limits(&self) -> Limits {
-        self.inner.limits()
-    }
-    fn close(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.inner.close()
-    }
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p09_a_dropped_submit_never_makes_a_second_procedure_for_its_nonce() {
-    let store = TestStore::with(Arc::new(SlowStore {
-        inner: Arc::new(MemStore::new()),
-        delay: Duration::from_millis(100),
-    }));
+    let store = TestStore::with(Arc::new(slow_store(Duration::from_millis(100))));
     let ledger = Ledger::default();
     let executor = start(&store, &ledger).await;
     let options = SubmitOptions::default().nonce("order-1");

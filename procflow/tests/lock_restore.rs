@@ -236,13 +236,24 @@ async fn a_revived_child_queued_behind_a_holder_does_not_get_the_lock_at_restart
     let ledger = Ledger::default();
     let (o1, q) = revived_child_queued_then_killed(&store, &ledger).await;
     let second = start(&store, &ledger).await;
+    only_the_holder_then_the_revived_child(&second, &ledger, o1, q).await;
+    second.shutdown().bounded().await.unwrap();
+}
+
+/// After the revived-child crash: the restart gave the key to `q` only; the revived child
+/// (whose record said it held nothing) queues again and rolls back after `q`.
+async fn only_the_holder_then_the_revived_child(
+    second: &Executor<Ledger>,
+    ledger: &Ledger,
+    o1: ProcedureId,
+    q: ProcedureId,
+) {
     assert_eq!(
-        held(&second),
+        held(second),
         [(q.get(), STOCK.to_owned())],
         "only the holder"
     );
-    // Its record said it held nothing: it queues again, and rolls back after `q`.
-    go(&second, &ledger, "q").await;
+    go(second, ledger, "q").await;
     assert!(matches!(
         second.wait(o1).bounded().await.unwrap(),
         Outcome::RolledBack(_)
@@ -250,7 +261,6 @@ async fn a_revived_child_queued_behind_a_holder_does_not_get_the_lock_at_restart
     let events = ledger.events();
     let at = |event: &str| events.iter().position(|e| e == event).unwrap();
     assert!(at("q Pack") < at("i1 undo Pack"), "{events:?}");
-    second.shutdown().bounded().await.unwrap();
 }
 
 /// Point 3: the operator views read the same stored field as the restart: at rest
@@ -562,19 +572,7 @@ mod on_etcd {
             .start()
             .await
             .unwrap();
-        assert_eq!(
-            held(&second),
-            [(q.get(), STOCK.to_owned())],
-            "only the holder"
-        );
-        go(&second, &ledger, "q").await;
-        assert!(matches!(
-            second.wait(o1).bounded().await.unwrap(),
-            Outcome::RolledBack(_)
-        ));
-        let events = ledger.events();
-        let at = |event: &str| events.iter().position(|e| e == event).unwrap();
-        assert!(at("q Pack") < at("i1 undo Pack"), "{events:?}");
+        only_the_holder_then_the_revived_child(&second, &ledger, o1, q).await;
         first.kill();
         second.shutdown().bounded().await.unwrap();
     }

@@ -8,26 +8,20 @@
 
 mod common;
 
-use common::{Bounded, Counter, CounterState, Ledger, TestStore};
+use common::{Bounded, Counter, CounterState, Hooked, Ledger, TestStore};
 use procflow::executor::{ExecutorError, Outcome, SubmitError, SubmitOptions};
-use procflow_store::{
-    Batch, BoxFuture, Limits, Loaded, MemStore, ProcId, Record, RecordInfo, Store, StoreError,
-};
+use procflow_store::{Limits, MemStore, Store, StoreError};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Applies each batch to a `MemStore`, then, once armed, reports the next one failed,
+/// Applies each batch to a `MemStore`, then, once `armed`, reports the next one failed,
 /// as a store whose answer was lost after the write landed.
-struct AppliesThenFails {
-    inner: MemStore,
-    armed: AtomicBool,
-}
-
-impl Store for AppliesThenFails {
-    fn commit(&self, batch: Batch) -> BoxFuture<'_, Result<(), StoreError>> {
+fn applies_then_fails(armed: Arc<AtomicBool>) -> Hooked {
+    Hooked::new(MemStore::new(), move |inner, batch| {
+        let armed = Arc::clone(&armed);
         Box::pin(async move {
-            self.inner.commit(batch).await?;
-            if self.armed.swap(false, Ordering::SeqCst) {
+            inner.commit(batch).await?;
+            if armed.swap(false, Ordering::SeqCst) {
                 return Err(StoreError::Io {
                     context: "committing (the answer was lost)",
                     path: "test".into(),
@@ -36,40 +30,22 @@ impl Store for AppliesThenFails {
             }
             Ok(())
         })
-    }
-    fn load(&self) -> BoxFuture<'_, Result<Loaded, StoreError>> {
-        self.inner.load()
-    }
-    fn get(&self, id: ProcId) -> BoxFuture<'_, Result<Option<Record>, StoreError>> {
-        self.inner.get(id)
-    }
-    fn list(&self) -> BoxFuture<'_, Result<Vec<RecordInfo>, StoreError>> {
-        self.inner.list()
-    }
-    fn limits(&self) -> Limits {
-        self.inner.limits()
-    }
-    fn close(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async { Ok(()) })
-    }
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p8_a_submit_whose_write_may_have_applied_says_so_and_a_retry_with_its_nonce_runs_it_once()
 {
-    let store = Arc::new(AppliesThenFails {
-        inner: MemStore::new(),
-        armed: AtomicBool::new(false),
-    });
+    let armed = Arc::new(AtomicBool::new(false));
     let ledger = Ledger::default();
-    let test_store = TestStore::with(store.clone());
+    let test_store = TestStore::with(Arc::new(applies_then_fails(Arc::clone(&armed))));
     let first = test_store
         .builder(&ledger)
         .register::<CounterState>()
         .start()
         .await
         .unwrap();
-    store.armed.store(true, Ordering::SeqCst);
+    armed.store(true, Ordering::SeqCst);
     let options = || SubmitOptions::default().nonce("order-7");
     let err = first
         .submit_with(Counter::named("c"), options())

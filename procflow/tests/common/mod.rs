@@ -253,7 +253,7 @@ impl TestStore {
     /// A `MemStore` that outlives `close`, so a test can "restart" on it after a shutdown.
     pub fn memory() -> Self {
         Self {
-            store: Arc::new(KeepOpen(MemStore::new())),
+            store: Arc::new(Hooked::keep_open(MemStore::new())),
             dir: None,
         }
     }
@@ -261,7 +261,7 @@ impl TestStore {
     /// [`memory`](Self::memory) refusing what is over `limits`.
     pub fn memory_with_limits(limits: Limits) -> Self {
         Self {
-            store: Arc::new(KeepOpen(MemStore::with_limits(limits))),
+            store: Arc::new(Hooked::keep_open(MemStore::with_limits(limits))),
             dir: None,
         }
     }
@@ -314,24 +314,54 @@ fn open_wal(dir: &std::path::Path) -> Arc<dyn Store> {
     Arc::new(WalStore::open(dir.join("wal"), config).unwrap())
 }
 
-/// Delegates to a `MemStore` but ignores `close`.
-struct KeepOpen(MemStore);
+/// What a [`Hooked`] store's `commit` does: given the `MemStore` and the batch.
+pub type OnCommit =
+    dyn Fn(Arc<MemStore>, Batch) -> BoxFuture<'static, Result<(), StoreError>> + Send + Sync;
 
-impl Store for KeepOpen {
+/// A `MemStore` whose commits go through `on_commit`, and which ignores `close` (so a
+/// test can "restart" on it after a shutdown); everything else is the `MemStore`'s.
+pub struct Hooked {
+    pub inner: Arc<MemStore>,
+    on_commit: Box<OnCommit>,
+}
+
+impl Hooked {
+    pub fn new(
+        inner: MemStore,
+        on_commit: impl Fn(Arc<MemStore>, Batch) -> BoxFuture<'static, Result<(), StoreError>>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        Self {
+            inner: Arc::new(inner),
+            on_commit: Box::new(on_commit),
+        }
+    }
+
+    /// Commits go straight to the `MemStore`.
+    pub fn keep_open(inner: MemStore) -> Self {
+        Self::new(inner, |store, batch| {
+            Box::pin(async move { store.commit(batch).await })
+        })
+    }
+}
+
+impl Store for Hooked {
     fn commit(&self, batch: Batch) -> BoxFuture<'_, Result<(), StoreError>> {
-        self.0.commit(batch)
+        (self.on_commit)(Arc::clone(&self.inner), batch)
     }
     fn load(&self) -> BoxFuture<'_, Result<Loaded, StoreError>> {
-        self.0.load()
+        self.inner.load()
     }
     fn get(&self, id: ProcId) -> BoxFuture<'_, Result<Option<Record>, StoreError>> {
-        self.0.get(id)
+        self.inner.get(id)
     }
     fn list(&self) -> BoxFuture<'_, Result<Vec<RecordInfo>, StoreError>> {
-        self.0.list()
+        self.inner.list()
     }
     fn limits(&self) -> Limits {
-        self.0.limits()
+        self.inner.limits()
     }
     fn close(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async { Ok(()) })
