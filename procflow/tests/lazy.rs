@@ -1,6 +1,7 @@
 //! Lazy decoding (issue 16): after a restart only the runtime's part of each record is
 //! decoded; a procedure's own data is decoded when it next runs. Data that no longer
-//! decodes is found then: the procedure is reported unloadable and left in the store.
+//! decodes is found then: the procedure is stuck where it is (issue 30, point 4), keeping
+//! its locks and its place, its record as it was.
 //!
 //! The procedure type counts its decodes (per test, by a tag in its data), which makes
 //! "not decoded yet" observable.
@@ -21,9 +22,9 @@ use std::time::Duration;
 
 on_both_stores! {
     dormant_procedures_are_not_decoded_until_they_run => dormant_procedures_are_not_decoded_until_they_run;
-    data_that_no_longer_decodes_is_unloadable_when_woken_and_kept => data_that_no_longer_decodes_is_unloadable_when_woken_and_kept;
-    a_ready_procedure_whose_data_no_longer_decodes_leaves_its_record_as_it_was => a_ready_procedure_whose_data_no_longer_decodes_leaves_its_record_as_it_was;
-    a_parent_whose_child_turns_out_unloadable_fails_naming_it => a_parent_whose_child_turns_out_unloadable_fails_naming_it;
+    p4_data_that_no_longer_decodes_is_stuck_when_woken_keeping_its_lock_and_record => data_that_no_longer_decodes_is_stuck_when_woken_keeping_its_lock_and_record;
+    p4_a_ready_procedure_whose_data_no_longer_decodes_is_stuck_and_its_record_kept => a_ready_procedure_whose_data_no_longer_decodes_is_stuck_and_its_record_kept;
+    p4_a_parent_whose_child_turns_out_undecodable_waits_and_a_bypass_lets_it_go_on => a_parent_whose_child_turns_out_undecodable_waits_and_a_bypass_lets_it_go_on;
     an_abort_of_a_dormant_procedure_rewrites_its_data_byte_for_byte => an_abort_of_a_dormant_procedure_rewrites_its_data_byte_for_byte;
 }
 
@@ -240,15 +241,9 @@ async fn stored(store: &TestStore, id: ProcedureId) -> procflow::store::Bytes {
     record.expect("the record is in the store").value
 }
 
-/// Polls until `executor` reports `id` unloadable.
-async fn unloadable(executor: &Executor<Env>, id: ProcedureId) -> procflow::executor::Unloadable {
-    for _ in 0..3_000 {
-        if let Some(found) = executor.unloadable().into_iter().find(|u| u.id == id) {
-            return found;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{id} never reported unloadable: {:?}", executor.state(id));
+/// Whether `status` is stuck because the data cannot be decoded.
+fn stuck_undecodable(status: &Status) -> bool {
+    matches!(status, Status::Stuck { error, .. } if error.to_string().contains("cannot be decoded"))
 }
 
 async fn dormant_procedures_are_not_decoded_until_they_run(store: TestStore) {
@@ -290,7 +285,9 @@ async fn dormant_procedures_are_not_decoded_until_they_run(store: TestStore) {
     executor.shutdown().bounded().await.unwrap();
 }
 
-async fn data_that_no_longer_decodes_is_unloadable_when_woken_and_kept(store: TestStore) {
+async fn data_that_no_longer_decodes_is_stuck_when_woken_keeping_its_lock_and_record(
+    store: TestStore,
+) {
     let tag = fresh_tag();
     let env = Arc::new(Env::default());
     let executor = start(&store, &env, Build::Old).await;
@@ -306,48 +303,23 @@ async fn data_that_no_longer_decodes_is_unloadable_when_woken_and_kept(store: Te
     assert!(executor.unloadable().is_empty());
     assert_eq!(executor.held_locks().len(), 3);
 
-    // Woken, job 1 is about to run: reported, gone from the executor, record kept.
-    let waiter = {
-        let executor = executor.clone();
-        let id = ids[1];
-        tokio::spawn(async move { executor.wait(id).bounded().await })
-    };
+    // Woken, job 1 is about to run: stuck where it is, with why.
     env.open(&Job { tag, n: 1 });
     assert_eq!(executor.wake(&event(tag, 1)).await.unwrap(), 1);
-    let found = unloadable(&executor, ids[1]).await;
-    assert_eq!(found.machine, "job");
-    assert!(found.reason.contains("cannot read snapshot"), "{found:?}");
-    let waited = tokio::time::timeout(Duration::from_secs(30), waiter).await;
-    assert!(matches!(
-        waited.expect("wait returns").unwrap(),
-        Err(ExecutorError::NotFound(id)) if id == ids[1]
-    ));
-    assert!(matches!(
-        executor.wait(ids[1]).bounded().await,
-        Err(ExecutorError::NotFound(_))
-    ));
-    assert_eq!(executor.state(ids[1]), None);
-    // Its lock is free; the others keep theirs and stay suspended.
-    let held: Vec<ProcedureId> = executor
-        .held_locks()
-        .into_iter()
-        .map(|(id, _)| id)
-        .collect();
-    assert_eq!(held, vec![ids[0], ids[2]]);
-    for id in [ids[0], ids[2]] {
-        status_is(&executor, id, suspended).await;
-    }
-    // The new build's own procedures run on, and one can take the freed lock.
+    status_is(&executor, ids[1], stuck_undecodable).await;
+    assert!(executor.unloadable().is_empty(), "it is not let go");
+    // It keeps its lock: a competitor of this build queues behind it.
+    assert_eq!(executor.held_locks().len(), 3);
     let fresh = JobV2 {
         tag,
         n: 1,
         owner: "ops".into(),
     };
     let fresh = executor.submit(fresh).await.unwrap();
-    assert_eq!(
-        executor.wait(fresh).bounded().await.unwrap(),
-        Outcome::Succeeded
-    );
+    status_is(&executor, fresh, |s| *s == Status::WaitingForLock).await;
+    for id in [ids[0], ids[2]] {
+        status_is(&executor, id, suspended).await;
+    }
 
     // Stored as it was, but for the durable wake-up (it waits for nothing now): the
     // snapshot — cursor and data — is byte for byte the one written before the restart.
@@ -363,7 +335,6 @@ async fn data_that_no_longer_decodes_is_unloadable_when_woken_and_kept(store: Te
         executor.wait(ids[1]).bounded().await.unwrap(),
         Outcome::Succeeded
     );
-    assert!(executor.unloadable().is_empty());
     executor.shutdown().bounded().await.unwrap();
 }
 
@@ -374,7 +345,7 @@ fn waiting_cursor() -> Cursor<JobState> {
     cursor
 }
 
-async fn a_ready_procedure_whose_data_no_longer_decodes_leaves_its_record_as_it_was(
+async fn a_ready_procedure_whose_data_no_longer_decodes_is_stuck_and_its_record_kept(
     store: TestStore,
 ) {
     let tag = fresh_tag();
@@ -402,14 +373,20 @@ async fn a_ready_procedure_whose_data_no_longer_decodes_leaves_its_record_as_it_
 
     let store = store.reopen();
     let executor = start(&store, &env, Build::New).await;
-    let found = unloadable(&executor, id).await;
-    assert!(found.reason.contains("cannot read snapshot"), "{found:?}");
-    assert!(executor.held_locks().is_empty());
+    status_is(&executor, id, stuck_undecodable).await;
+    assert!(executor.unloadable().is_empty());
+    assert_eq!(executor.held_locks().len(), 1, "it keeps its lock");
     executor.shutdown().bounded().await.unwrap();
     assert_eq!(stored(&store, id).await, before, "the record was written");
 }
 
-async fn a_parent_whose_child_turns_out_unloadable_fails_naming_it(store: TestStore) {
+/// A parent whose child's data cannot be decoded does not fail (which would undo the
+/// siblings that succeeded): it waits. An operator's bypass of the child, which needs
+/// none of its data, lets it go on.
+async fn a_parent_whose_child_turns_out_undecodable_waits_and_a_bypass_lets_it_go_on(
+    store: TestStore,
+) {
+    use procflow::operator::{Action, Request};
     let tag = fresh_tag();
     let env = Arc::new(Env::default());
     let executor = start(&store, &env, Build::Old).await;
@@ -426,18 +403,29 @@ async fn a_parent_whose_child_turns_out_unloadable_fails_naming_it(store: TestSt
     let (executor, _store) = restart(executor, store, &env, Build::New).await;
     env.open(&Job { tag, n: 0 });
     assert_eq!(executor.wake(&event(tag, 0)).await.unwrap(), 1);
-    // As for a child missing at start: the parent stops and, since it cannot tell
-    // whether that child needs undoing, ends failed, naming it.
-    let outcome = executor.wait(parent).bounded().await.unwrap();
-    let Outcome::Failed(error) = outcome else {
-        panic!("the parent did not fail: {outcome:?}");
-    };
-    let error = error.to_string();
-    assert!(
-        error.contains(&format!("child {child} cannot be found")),
-        "{error}"
+    status_is(&executor, child, stuck_undecodable).await;
+    assert_eq!(
+        executor.state(parent).unwrap().status,
+        Status::WaitingChildren
     );
-    assert_eq!(unloadable(&executor, child).await.machine, "job");
+    let bypass = Action::Bypass {
+        id: child.get(),
+        recursive: false,
+    };
+    let asked = Request::new(bypass, "ops", "its data is from a build we rolled back");
+    executor.request(asked).await.unwrap();
+    assert_eq!(
+        executor.wait(child).bounded().await.unwrap(),
+        Outcome::Bypassed
+    );
+    assert_eq!(
+        executor.wait(parent).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
+    assert!(
+        executor.held_locks().is_empty(),
+        "the bypass gave its lock back"
+    );
     executor.shutdown().bounded().await.unwrap();
 }
 

@@ -441,8 +441,13 @@ pub(crate) fn launch_stored<E: Send + Sync + 'static>(
     let snapshot = value.slice(value.len() - snapshot.len()..);
     let mut procedure = inner.registry.load_lazy(&snapshot)?;
     if must_decode_now(finished, value, procedure.as_ref(), &envelope) {
+        // Data this build cannot decode: if the envelope says which locks it declared,
+        // the procedure loads all the same and is found stuck as it is about to run (see
+        // `runner::unloadable`); if not, nothing can say what it locks.
         if let Err(error) = procedure.decode() {
-            return Err((procedure.machine().to_owned(), error.to_string()));
+            if !records_locks(value) {
+                return Err((procedure.machine().to_owned(), error.to_string()));
+            }
         }
     }
     // The state after a spawn runs once its children end: it has not run yet. Otherwise

@@ -474,8 +474,8 @@ impl<E: Send + Sync + 'static> Runner<E> {
             DynProgress::Failed(error) => Box::pin(self.on_failure(error)).await,
             DynProgress::Finished => Ok(()),
             DynProgress::Unloadable(reason) => {
-                self.give_up_unloadable(reason);
-                Err(Exit)
+                self.stuck_undecodable(&reason);
+                Ok(())
             }
         }
     }
@@ -629,7 +629,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             error: error.to_string(),
             stuck_since_ms: Some(now_ms()),
         }));
-        tracing::error!(%error, state = self.procedure.state(), "procedure stuck past its point of no return; retrying");
+        tracing::error!(%error, state = self.procedure.state(), "procedure stuck; it waits for a retry or an operator");
         metrics::counter!("procflow_stuck_total", "machine" => self.procedure.machine())
             .increment(1);
         true

@@ -1,34 +1,41 @@
-//! A procedure whose stored data no longer decodes, found as it is about to run.
+//! A procedure whose stored data this build cannot decode, found as it is about to run.
 //!
 //! A procedure loaded from the store keeps its data encoded until its next step (see
 //! [`lazy`](crate::executor::lazy)). If this build's procedure type cannot read that
-//! data, the procedure is treated as one found unloadable at start: listed by
-//! [`Executor::unloadable`](crate::executor::Executor::unloadable), logged, and left in
-//! the store as it is, for an operator or a build that reads it.
+//! data (a type changed without a migration, or a newer build wrote it), the procedure
+//! is **stuck**, where it is: it keeps its locks and its place, its parent keeps waiting
+//! for it, nothing is written, and it is reported [`Status::Stuck`] with why. An
+//! operator can bypass it (that needs none of its data), or deploy a build that reads
+//! the data; an abort is recorded, and its rollback runs once a build can decode it.
+//!
+//! Why not let it go, as it did: a procedure that gives up its for-life locks and leaves
+//! the table is a half-done operation whose lock a competitor then takes, and a parent
+//! that finds its child gone rolls back, undoing siblings that had succeeded.
+//!
+//! [`Status::Stuck`]: crate::executor::Status::Stuck
 
 use super::Runner;
-use crate::ProcedureId;
 use crate::executor::inner::{Inner, Settled};
 use crate::executor::status::Unloadable;
+use crate::{Error, ProcedureId};
 
 impl<E: Send + Sync + 'static> Runner<E> {
-    /// Lets the procedure go without writing it (see [`give_up`]).
-    pub(super) fn give_up_unloadable(&mut self, reason: String) {
-        let machine = self.procedure.machine();
-        tracing::error!(
-            id = self.id,
-            machine,
-            state = self.procedure.state(),
-            %reason,
-            "procedure data cannot be decoded; left in the store"
-        );
-        self.withdraw_lock_request();
-        let holding = std::mem::take(&mut self.holding);
-        give_up(&self.inner, self.id, self.parent, holding, machine, reason);
+    /// Keeps the procedure stuck where it is, holding what it holds, until something
+    /// rouses it (an operator's bypass or abort, a wake): it then tries again.
+    pub(super) fn stuck_undecodable(&mut self, reason: &str) {
+        let error = Error::fatal(format!(
+            "its data cannot be decoded by this build: {reason}"
+        ));
+        self.become_stuck(&error);
+        self.last_error = Some(Box::new(error));
+        self.publish();
+        self.park_until(None);
     }
 }
 
-/// Lets procedure `id` go without writing it: the store keeps its last record. Its locks
+/// Lets procedure `id` go without writing it: the store keeps its last record. For a
+/// parked procedure whose stored value no longer loads when roused (not expected: the
+/// same bytes loaded at start). Its locks
 /// are given back (if `holding`) and its entry leaves the table, as if it had never
 /// loaded: `wait` and subscribers see it gone ([`NotFound`]), a parent finds its child
 /// missing (and fails naming it), an operator's pending request is refused.
