@@ -5,15 +5,17 @@ use syn::parse::ParseStream;
 use syn::{Attribute, Ident, LitInt, LitStr, Path, Token, Type, bracketed, punctuated::Punctuated};
 
 /// The keys `#[state_machine(..)]` accepts, for the "unknown key" message.
-const MACHINE_KEYS: &str = "`procedure`, `name`, `env`, `max_repeats`, `module`, `crate`";
+const MACHINE_KEYS: &str =
+    "`procedure`, `name`, `env`, `max_repeats`, `module`, `crate`, `version`, `oldest`, `migrate`";
 /// The attributes procflow reads on a variant.
-const STATE_ATTRS: [&str; 6] = [
+const STATE_ATTRS: [&str; 7] = [
     "initial",
     "terminal",
     "transition",
     "rollback",
     "no_rollback",
     "max_repeats",
+    "alias",
 ];
 
 /// `#[state_machine(..)]` on the enum.
@@ -33,6 +35,21 @@ pub struct MachineAttrs {
     /// `module = "name"`: the name of the generated targets module, for when the default
     /// (`job_state` for `JobState`) is taken by another item.
     pub module: Option<Ident>,
+    /// `version = N`: the data version this build writes; the key and the number, for
+    /// errors.
+    pub version: Option<(Path, LitInt, u32)>,
+    /// `oldest = K`: the oldest data version this build reads.
+    pub oldest: Option<(Path, LitInt, u32)>,
+    /// `migrate(V = OldType, ..)`: the key, then each version with the type its records
+    /// are read as.
+    pub migrate: Option<(Path, Vec<Migration>)>,
+}
+
+/// `V = OldType` in `migrate(..)`.
+pub struct Migration {
+    pub version: LitInt,
+    pub number: u32,
+    pub ty: Type,
 }
 
 /// procflow's attributes on one variant. Flags keep the attribute path they came from, so
@@ -45,6 +62,8 @@ pub struct StateAttrs {
     pub no_rollback: Option<Path>,
     pub transition: Option<Transition>,
     pub max_repeats: Option<(Path, u32)>,
+    /// `#[alias = "Old"]`: the state's former names.
+    pub aliases: Vec<LitStr>,
     /// An attribute spelt like one of procflow's (`#[transtion(..)]`): rustc reports it
     /// ("cannot find attribute"), and the rules that depend on it would only add noise.
     pub misspelt: bool,
@@ -110,6 +129,29 @@ pub fn machine_attrs(cx: &Ctxt, attrs: &[Attribute]) -> MachineAttrs {
                 if let Some(path) = recover(cx, &meta, parse_crate(&meta))? {
                     set_once(cx, key, &mut out.krate, path);
                 }
+            } else if key.is_ident("version") || key.is_ident("oldest") {
+                let example = if key.is_ident("version") {
+                    "version = 1"
+                } else {
+                    "oldest = 1"
+                };
+                let value = meta.value()?;
+                match recover(cx, &meta, parse_version(value, example))? {
+                    Some(Ok(parsed)) => {
+                        let slot = if key.is_ident("version") {
+                            &mut out.version
+                        } else {
+                            &mut out.oldest
+                        };
+                        set_once(cx, key, slot, (key.clone(), parsed.0, parsed.1));
+                    }
+                    Some(Err(error)) => cx.push(error),
+                    None => {}
+                }
+            } else if key.is_ident("migrate") {
+                if let Some(migrations) = recover(cx, &meta, parse_migrate(cx, &meta))? {
+                    set_once(cx, key, &mut out.migrate, (key.clone(), migrations));
+                }
             } else {
                 cx.error_at(
                     key,
@@ -162,6 +204,22 @@ pub fn state_attrs(cx: &Ctxt, attrs: &[Attribute]) -> StateAttrs {
                     );
                 }
                 None => out.transition = Some(transition),
+            }
+        } else if path.is_ident("alias") {
+            match attr
+                .meta
+                .require_name_value()
+                .and_then(|nv| syn::parse2::<LitStr>(quote::ToTokens::to_token_stream(&nv.value)))
+            {
+                Ok(alias) if alias.value().trim().is_empty() => cx.error_at(
+                    &alias,
+                    "an alias is the state's former name: `#[alias = \"Reserve\"]`",
+                ),
+                Ok(alias) => out.aliases.push(alias),
+                Err(_) => cx.error_at(
+                    &attr.meta,
+                    "expected the state's former name as a string: `#[alias = \"Reserve\"]`",
+                ),
             }
         } else if path.is_ident("max_repeats") {
             match attr
@@ -434,6 +492,79 @@ fn parse_name(cx: &Ctxt, meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<L
         );
     }
     Ok(name)
+}
+
+/// `version = N` or `oldest = K`: a data version, from 1. As [`parse_u32`], the outer
+/// `Result` stops the attribute, the inner one is a wrong value.
+fn parse_version(input: ParseStream<'_>, example: &str) -> syn::Result<syn::Result<(LitInt, u32)>> {
+    let expr: syn::Expr = input.parse()?;
+    let syn::Expr::Lit(syn::ExprLit {
+        lit: syn::Lit::Int(lit),
+        ..
+    }) = &expr
+    else {
+        return Ok(Err(syn::Error::new_spanned(
+            &expr,
+            format_args!("expected a data version, a whole number from 1, like `{example}`"),
+        )));
+    };
+    Ok(match lit.base10_parse::<u32>() {
+        Ok(0) | Err(_) => Err(syn::Error::new_spanned(
+            lit,
+            format_args!(
+                "data versions count from 1 (the version of a machine that never set one): \
+                 write `{example}`"
+            ),
+        )),
+        Ok(n) => Ok((lit.clone(), n)),
+    })
+}
+
+/// `migrate(1 = OldV1, 2 = OldV2)`. Each entry's mistakes are recorded and the others
+/// still read.
+fn parse_migrate(cx: &Ctxt, meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<Vec<Migration>> {
+    const EXAMPLE: &str = "`migrate(1 = CreateTableV1)`";
+    if !meta.input.peek(syn::token::Paren) {
+        return Err(meta.input.error(format_args!(
+            "expected the older versions and the types their records are read as: {EXAMPLE}"
+        )));
+    }
+    let content;
+    syn::parenthesized!(content in meta.input);
+    let mut out = Vec::new();
+    while !content.is_empty() {
+        let version: LitInt = match content.parse() {
+            Ok(version) => version,
+            Err(_) => {
+                let error = content.error(format_args!(
+                    "expected a data version, then `=` and the type its records are read \
+                     as: {EXAMPLE}"
+                ));
+                skip_to_comma(&content)?;
+                cx.push(error);
+                let _ = content.parse::<Option<Token![,]>>()?;
+                continue;
+            }
+        };
+        content.parse::<Token![=]>()?;
+        let ty: Type = content.parse()?;
+        match version.base10_parse::<u32>() {
+            Ok(number) if number > 0 => out.push(Migration {
+                version,
+                number,
+                ty,
+            }),
+            _ => cx.error_at(
+                &version,
+                "data versions count from 1: a migration reads records of an older version \
+                 (1, 2, ..)",
+            ),
+        }
+        if !content.is_empty() {
+            content.parse::<Token![,]>()?;
+        }
+    }
+    Ok(out)
 }
 
 /// A number after `=`. The outer `Result` is a parse failure that stops the attribute; the

@@ -9,17 +9,22 @@ use syn::Ident;
 
 pub fn check(cx: &Ctxt, machine: &Machine<'_>) {
     check_procedure_given(cx, machine);
+    check_data_versions(cx, machine);
+    check_aliases(cx, machine);
     // A misspelt `#[intial]` or `#[transtion(..)]` is reported by rustc, with a hint
     // naming ours; the rules about initial, terminal and transitions would only repeat it
     // wrongly ("no initial state").
     if machine.states.iter().any(|s| s.attrs.misspelt) {
         cx.reported_by_rustc();
+        // A second `#[initial]` is a mistake whatever the misspelling.
+        check_at_most_one_initial(cx, machine);
         check_targets_exist(cx, machine);
         check_targets_unique(cx, machine);
         check_rollback_flags_agree(cx, machine);
         return;
     }
-    check_exactly_one_initial(cx, machine);
+    check_some_initial(cx, machine);
+    check_at_most_one_initial(cx, machine);
     check_some_terminal(cx, machine);
     check_initial_is_not_terminal(cx, machine);
     check_terminal_attributes(cx, machine);
@@ -49,30 +54,153 @@ fn check_procedure_given(cx: &Ctxt, machine: &Machine<'_>) {
     }
 }
 
-// Exactly one state is `#[initial]`: every procedure starts there.
-fn check_exactly_one_initial(cx: &Ctxt, machine: &Machine<'_>) {
-    let initials: Vec<_> = machine
-        .states
-        .iter()
-        .filter_map(|s| s.attrs.initial.as_ref().map(|attr| (s, attr)))
-        .collect();
-    match initials.as_slice() {
-        [] if !machine.states.is_empty() => cx.error_at(
-            machine.ident,
-            "no initial state: mark the state every procedure starts in with `#[initial]`",
-        ),
-        [(first, _), rest @ ..] => {
-            for (_, attr) in rest {
+// Every data version this build reads besides its own has a migration: from `oldest`
+// (default 1) up to `version - 1`, none outside that range and none twice, so a record
+// of any version this build accepts can be read, and one it cannot is caught at start.
+fn check_data_versions(cx: &Ctxt, machine: &Machine<'_>) {
+    let attrs = &machine.attrs;
+    let version = attrs.version.as_ref().map_or(1, |(_, _, n)| *n);
+    let oldest = attrs.oldest.as_ref().map_or(1, |(_, _, n)| *n);
+    if let Some((_, lit, n)) = &attrs.oldest {
+        if *n > version {
+            cx.error_at(
+                lit,
+                format_args!(
+                    "`oldest = {n}` is newer than this build's own data version ({version}): \
+                     write `oldest = {version}` at most"
+                ),
+            );
+            return;
+        }
+    }
+    let migrations = attrs
+        .migrate
+        .as_ref()
+        .map_or(&[][..], |(_, m)| m.as_slice());
+    let mut covered = BTreeSet::new();
+    for migration in migrations {
+        let n = migration.number;
+        if n >= version {
+            let fix = if attrs.version.is_none() {
+                format!(
+                    "this machine's data version is 1 (no `version = ..`): write `version = {}`",
+                    n + 1
+                )
+            } else {
+                format!(
+                    "migrations are from the versions before it, {oldest} to {}",
+                    version - 1
+                )
+            };
+            cx.error_at(
+                &migration.version,
+                format_args!(
+                    "version {n} is not older than this build's data version {version}; {fix}"
+                ),
+            );
+        } else if n < oldest {
+            cx.error_at(
+                &migration.version,
+                format_args!(
+                    "version {n} is older than `oldest = {oldest}`: remove this migration, or \
+                     lower `oldest`"
+                ),
+            );
+        } else if !covered.insert(n) {
+            cx.error_at(
+                &migration.version,
+                format_args!("version {n} has a migration already: give each version one type"),
+            );
+        }
+    }
+    let missing: Vec<u32> = (oldest..version).filter(|n| !covered.contains(n)).collect();
+    if let (Some((key, _, _)), Some(last)) = (&attrs.version, missing.last()) {
+        let listed: Vec<String> = missing.iter().map(ToString::to_string).collect();
+        let wanted: Vec<String> = missing
+            .iter()
+            .map(|n| format!("{n} = OldTypeV{n}"))
+            .collect();
+        let add = if attrs.migrate.is_some() {
+            format!("add `{}` to `migrate(..)`", wanted.join(", "))
+        } else {
+            format!("add `migrate({})`", wanted.join(", "))
+        };
+        cx.error_at(
+            key,
+            format_args!(
+                "records of data version {} need a migration: {add}, each a type that reads \
+                 what that version stored (`Deserialize`) and converts into the procedure \
+                 type (`From`); or write `oldest = {}` to stop reading older records",
+                listed.join(", "),
+                last + 1
+            ),
+        );
+    }
+}
+
+// An alias is a state's former name: it is no state's name now and no other alias, so a
+// stored name means one state.
+fn check_aliases(cx: &Ctxt, machine: &Machine<'_>) {
+    let mut seen: Vec<(String, &Ident)> = Vec::new();
+    for state in &machine.states {
+        for alias in &state.attrs.aliases {
+            let name = alias.value();
+            if let Some(named) = machine
+                .states
+                .iter()
+                .find(|s| names::state_name(s.ident) == name)
+            {
+                let whose = if named.ident == state.ident {
+                    "its own name: remove the alias".to_owned()
+                } else {
+                    format!(
+                        "the name of state `{}`: an alias is a former name no state has now",
+                        named.ident
+                    )
+                };
+                cx.error_at(alias, format_args!("`{name}` is {whose}"));
+            } else if let Some((_, other)) = seen.iter().find(|(seen, _)| *seen == name) {
                 cx.error_at(
-                    attr,
+                    alias,
                     format_args!(
-                        "`{}` is already `#[initial]`; a machine has exactly one initial state",
-                        first.ident
+                        "`{name}` is an alias of `{other}` already: a stored name must mean one state"
                     ),
                 );
+            } else {
+                seen.push((name, state.ident));
             }
         }
-        [] => {}
+    }
+}
+
+// Some state is `#[initial]`: every procedure starts there.
+fn check_some_initial(cx: &Ctxt, machine: &Machine<'_>) {
+    let none = !machine.states.iter().any(|s| s.attrs.initial.is_some());
+    if none && !machine.states.is_empty() {
+        cx.error_at(
+            machine.ident,
+            "no initial state: mark the state every procedure starts in with `#[initial]`",
+        );
+    }
+}
+
+// No more than one state is `#[initial]`.
+fn check_at_most_one_initial(cx: &Ctxt, machine: &Machine<'_>) {
+    let mut initials = machine
+        .states
+        .iter()
+        .filter_map(|s| s.attrs.initial.as_ref().map(|attr| (s, attr)));
+    let Some((first, _)) = initials.next() else {
+        return;
+    };
+    for (_, attr) in initials {
+        cx.error_at(
+            attr,
+            format_args!(
+                "`{}` is already `#[initial]`; a machine has exactly one initial state",
+                first.ident
+            ),
+        );
     }
 }
 

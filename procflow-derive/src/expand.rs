@@ -205,7 +205,12 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
 fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
     let private = &machine.private;
     let ident = machine.ident;
-    let procedure = machine.attrs.procedure.as_ref().expect("checked");
+    let written = machine.attrs.procedure.as_ref().expect("checked");
+    // The user's path to the procedure type is resolved once, in an alias: a path that
+    // does not resolve (a typo) is then one error, with rustc's "a similar name exists".
+    // Everything else names the alias, spanned on the user's token so that unmet bounds
+    // are reported there.
+    let procedure = &syn::Type::Verbatim(quote_spanned!(written.span()=> __ProcflowProcedure));
     let env = env_type(machine);
     let trait_ident = names::handlers_trait(ident);
     let name = stable_name(machine);
@@ -279,17 +284,18 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
                     HasDeserialize as _, HasSend as _, HasSerialize as _, LacksDeserialize as _,
                     LacksSend as _, LacksSerialize as _,
                 };
-                use #private::probe::all;
                 let probe = &#private::probe::Probe::<#procedure>::new();
-                #private::probe::require_procedure::<#procedure, _>(all(
-                    all(probe.probe_send(), probe.probe_serialize()),
+                #private::probe::require_procedure::<#procedure, _, _, _>(
+                    probe.probe_send(),
+                    probe.probe_serialize(),
                     probe.probe_deserialize(),
-                ));
+                );
             }
             let _ = needs_data;
         };
     };
     let procedure_assoc = quote_spanned!(procedure.span()=> type Procedure = #procedure;);
+    let versions = data_versions(machine, procedure);
     // Spanned on the user's `procedure = X`, so a second machine naming X gets its
     // "conflicting implementations" error there.
     let procedure_impl = quote_spanned! {procedure.span()=>
@@ -300,6 +306,10 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
     };
     quote! {
         #derives_check
+        const _: () = {
+            #[allow(non_camel_case_types)]
+            type __ProcflowProcedure = #written;
+
         #data_check
         #procedure_impl
 
@@ -313,6 +323,7 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
             const INFO: &'static [#private::StateInfo] = &[#(#infos),*];
             const TERMINALS: &'static [Self] = &[#(Self::#terminals),*];
             const EDGES: &'static [(Self, Self)] = &[#(#edges),*];
+            #versions
 
             fn index(self) -> usize {
                 match self { #(Self::#states => #indexes,)* }
@@ -354,7 +365,52 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
                 }
             }
         }
+        };
     }
+}
+
+/// `DATA_VERSION`, `OLDEST_VERSION` and `migrate`, when the machine sets them. Each
+/// migration's trait bounds are checked on the user's old type (its span), so a type that
+/// is not `Deserialize` or does not convert is reported there.
+fn data_versions(machine: &Machine<'_>, procedure: &syn::Type) -> TokenStream {
+    let private = &machine.private;
+    let attrs = &machine.attrs;
+    let version = attrs
+        .version
+        .as_ref()
+        .map(|(_, _, n)| quote!(const DATA_VERSION: u32 = #n;));
+    let oldest = attrs
+        .oldest
+        .as_ref()
+        .map(|(_, _, n)| quote!(const OLDEST_VERSION: u32 = #n;));
+    let migrations = attrs
+        .migrate
+        .as_ref()
+        .map_or(&[][..], |(_, m)| m.as_slice());
+    let migrate = (!migrations.is_empty()).then(|| {
+        // The parameter, named once: spanned on the user's type, a `data` written there
+        // would be the user's (a macro's hygiene would hide the parameter from it).
+        let data = quote!(data);
+        let arms = migrations.iter().map(|migration| {
+            let (n, ty) = (migration.number, &migration.ty);
+            let read = quote_spanned!(ty.span()=> #private::migrate_from::<#ty, #procedure>(#data));
+            quote!(#n => ::core::option::Option::Some(#read),)
+        });
+        quote! {
+            fn migrate(
+                version: u32,
+                #data: &[u8],
+            ) -> ::core::option::Option<
+                ::core::result::Result<#procedure, #private::PostcardError>,
+            > {
+                match version {
+                    #(#arms)*
+                    _ => ::core::option::Option::None,
+                }
+            }
+        }
+    });
+    quote!(#version #oldest #migrate)
 }
 
 fn state_info(machine: &Machine<'_>, state: &State<'_>) -> TokenStream {
@@ -371,6 +427,7 @@ fn state_info(machine: &Machine<'_>, state: &State<'_>) -> TokenStream {
         None => quote!(#private::DEFAULT_MAX_REPEATS),
     };
     let targets = state.targets().iter().map(names::state_name);
+    let aliases = &attrs.aliases;
     quote! {
         #private::StateInfo {
             name: #name,
@@ -380,6 +437,7 @@ fn state_info(machine: &Machine<'_>, state: &State<'_>) -> TokenStream {
             no_rollback: #no_rollback,
             max_repeats: #max_repeats,
             targets: &[#(#targets),*],
+            aliases: &[#(#aliases),*],
         }
     }
 }

@@ -29,7 +29,8 @@ use syn::{DeriveInput, parse_macro_input};
         transition,
         rollback,
         no_rollback,
-        max_repeats
+        max_repeats,
+        alias
     )
 )]
 pub fn derive_state_machine(input: TokenStream) -> TokenStream {

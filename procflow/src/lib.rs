@@ -137,7 +137,9 @@ pub use flow::{Child, Flow, Step};
 pub use id::ProcedureId;
 pub use machine::{DEFAULT_MAX_REPEATS, Procedure, StateInfo, StateMachine};
 #[doc(hidden)]
-pub use machine::{HandlerFuture, NoRollback, ProcedureData, RollbackUndeclared};
+pub use machine::{
+    HandlerFuture, MigratesTo, NoRollback, ProcedureData, RollbackUndeclared, migrate_from,
+};
 pub use stepper::{StepReport, Stepper};
 pub use stored::codec;
 
@@ -159,8 +161,10 @@ pub mod __private {
     pub use crate::locks::{LockKeyError, Locks};
     pub use crate::{
         Context, DEFAULT_MAX_REPEATS, Error, Flow, HandlerFuture, NoRollback, Procedure,
-        ProcedureData, RollbackUndeclared, StateInfo, StateMachine, Step,
+        ProcedureData, RollbackUndeclared, StateInfo, StateMachine, Step, migrate_from,
     };
+    /// postcard's error, in the signature of a generated `migrate`.
+    pub use postcard::Error as PostcardError;
     /// The probes behind "this enum lacks some derives" (one error naming all five).
     pub mod probe {
         pub use crate::probe::*;

@@ -131,17 +131,71 @@ impl<E> AllDerived<E> for Present {}
 /// Fails to compile, once, unless the folded answer for enum `E` is [`Present`].
 pub fn require_derives<E, T: AllDerived<E>>(_answer: T) {}
 
-/// Implemented only when the procedure type has everything the runtime needs.
+// What the procedure type lacks gets one error naming exactly that: each of these traits
+// is implemented for every combination of answers but the one its message describes, so
+// only that one fails.
+
+/// Fails only when the procedure type is not `Send`.
 #[diagnostic::on_unimplemented(
-    message = "the procedure type `{P}` must be `'static + Send + Serialize + DeserializeOwned`",
-    label = "persisted after every step and run on any worker thread",
-    note = "derive `serde::Serialize, serde::Deserialize`, own its data (no references) and \
-            hold no `Rc` or `RefCell`"
+    message = "the procedure type `{P}` is not `Send`",
+    label = "run on any worker thread",
+    note = "own its data (no references) and hold no `Rc` or `RefCell`"
 )]
-pub trait ProcedureReady<P> {}
+pub trait SendReady<P> {}
 
 #[diagnostic::do_not_recommend]
-impl<P> ProcedureReady<P> for Present {}
+impl<P> SendReady<P> for Present {}
 
-/// Fails to compile, once, unless the folded answer for procedure type `P` is [`Present`].
-pub fn require_procedure<P, T: ProcedureReady<P>>(_answer: T) {}
+/// Fails only when the procedure type is `Deserialize` but not `Serialize` (`De` is the
+/// `Deserialize` answer).
+#[diagnostic::on_unimplemented(
+    message = "the procedure type `{P}` is not `Serialize`",
+    label = "persisted after every step",
+    note = "derive `serde::Serialize` on it"
+)]
+pub trait SerializeReady<P, De> {}
+
+#[diagnostic::do_not_recommend]
+impl<P, De> SerializeReady<P, De> for Present {}
+#[diagnostic::do_not_recommend]
+impl<P> SerializeReady<P, Absent> for Absent {}
+
+/// Fails only when the procedure type is `Serialize` but not `Deserialize` (`Ser` is the
+/// `Serialize` answer).
+#[diagnostic::on_unimplemented(
+    message = "the procedure type `{P}` is not `Deserialize`",
+    label = "read back after a restart",
+    note = "derive `serde::Deserialize` on it"
+)]
+pub trait DeserializeReady<P, Ser> {}
+
+#[diagnostic::do_not_recommend]
+impl<P, Ser> DeserializeReady<P, Ser> for Present {}
+#[diagnostic::do_not_recommend]
+impl<P> DeserializeReady<P, Absent> for Absent {}
+
+/// Fails only when the procedure type is neither `Serialize` nor `Deserialize`.
+#[diagnostic::on_unimplemented(
+    message = "the procedure type `{P}` is neither `Serialize` nor `Deserialize`",
+    label = "persisted after every step, and read back after a restart",
+    note = "derive `serde::Serialize, serde::Deserialize` on it"
+)]
+pub trait SerdeReady<P> {}
+
+#[diagnostic::do_not_recommend]
+impl<P> SerdeReady<P> for (Present, Present) {}
+#[diagnostic::do_not_recommend]
+impl<P> SerdeReady<P> for (Present, Absent) {}
+#[diagnostic::do_not_recommend]
+impl<P> SerdeReady<P> for (Absent, Present) {}
+
+/// Fails to compile unless procedure type `P` is `Send`, `Serialize` and `Deserialize`,
+/// with one error naming exactly what it lacks (two when it lacks `Send` as well).
+pub fn require_procedure<P, Send, Ser, De>(_send: Send, _serialize: Ser, _deserialize: De)
+where
+    Send: SendReady<P>,
+    Ser: SerializeReady<P, De>,
+    De: DeserializeReady<P, Ser>,
+    (Ser, De): SerdeReady<P>,
+{
+}

@@ -17,7 +17,9 @@ use crate::locks::LockTable;
 use crate::locks::restore::{self, Claim, GiveBack};
 use crate::operator::graph::MACHINE_PREFIX;
 use crate::stored::record::Wait;
-use crate::stored::record::{Envelope, FENCE_KEY, NEXT_ID_KEY, NONCE_PREFIX, records_locks};
+use crate::stored::record::{
+    ENVELOPE_VERSION, Envelope, FENCE_KEY, NEXT_ID_KEY, NONCE_PREFIX, records_locks,
+};
 use crate::{ProcedureId, StateMachine};
 use procflow_store::{Batch, Bytes, Loaded, Record, Store};
 use std::collections::HashMap;
@@ -330,7 +332,10 @@ fn resume<E: Send + Sync + 'static>(
         if record.finished {
             continue;
         }
-        if let Wait::Event { name, .. } = &launch.envelope.wait {
+        // A record this build does not rewrite cannot store a wake-up: it is left off its
+        // event, so a wake neither counts it nor is lost on it (the build that reads it
+        // waits on its event again).
+        if let (Wait::Event { name, .. }, None) = (&launch.envelope.wait, &launch.newer) {
             inner.table().listen(name, launch.id);
         }
         if let Some(claim) = claim_of(&launch) {
@@ -453,7 +458,9 @@ pub(crate) fn launch_stored<E: Send + Sync + 'static>(
     // The state after a spawn runs once its children end: it has not run yet. Otherwise
     // it is not known whether the current state's handler ran before the crash.
     let acted = !matches!(envelope.wait, Wait::Children(_));
+    let newer = newer_than_this_build(&envelope, procedure.as_ref()).map(Into::into);
     Ok(Launch {
+        newer,
         id,
         parent,
         ancestors,
@@ -462,6 +469,22 @@ pub(crate) fn launch_stored<E: Send + Sync + 'static>(
         acted,
         holding: false,
     })
+}
+
+/// Why a record is newer than this build, if it is: a newer build wrote its envelope or
+/// its snapshot in a format this build reads only in part.
+fn newer_than_this_build<E>(
+    envelope: &Envelope,
+    procedure: &dyn DynProcedure<E>,
+) -> Option<String> {
+    if envelope.version > ENVELOPE_VERSION {
+        return Some(format!(
+            "written by a newer build: envelope format {}, this procflow writes {ENVELOPE_VERSION}; \
+             run a build at least as new",
+            envelope.version
+        ));
+    }
+    procedure.read_only()
 }
 
 fn rebuild<E: Send + Sync + 'static>(

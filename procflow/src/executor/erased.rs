@@ -2,6 +2,7 @@
 //! them from the store by their machine's stable name.
 
 use super::lazy::Lazy;
+use super::unreadable::Unreadable;
 use crate::codec::{self, CodecError};
 use crate::instance::{Instance, Progress};
 use crate::locks::{LockKeyError, Locks};
@@ -62,6 +63,10 @@ pub(crate) trait DynProcedure<E>: Send {
     /// The locks its data declares; `None` while the data is still stored (its envelope
     /// recorded them).
     fn locks(&self) -> Option<Result<Locks, LockKeyError>>;
+    /// Why this build must neither run nor rewrite it, if so: its snapshot is of a
+    /// newer format than this build writes, or its cursor names a state this build does
+    /// not know.
+    fn read_only(&self) -> Option<String>;
 }
 
 impl<M: StateMachine> DynProcedure<M::Env> for Lazy<M> {
@@ -131,6 +136,9 @@ impl<M: StateMachine> DynProcedure<M::Env> for Lazy<M> {
     fn locks(&self) -> Option<Result<Locks, LockKeyError>> {
         self.procedure().map(M::locks)
     }
+    fn read_only(&self) -> Option<String> {
+        Lazy::newer_format(self).map(|newer| newer.to_string())
+    }
 }
 
 /// Rebuilds a procedure of one machine from its snapshot, data decoded.
@@ -143,10 +151,24 @@ fn load<M: StateMachine>(snapshot: &[u8]) -> Result<Box<dyn DynProcedure<M::Env>
     Ok(Box::new(Lazy::from(Instance { procedure, cursor })))
 }
 
+/// The stored procedure, its data left encoded; one whose cursor names a state this
+/// build does not know is loaded all the same, to keep its place ([`Unreadable`]).
 fn load_lazy<M: StateMachine>(
     snapshot: &Bytes,
 ) -> Result<Box<dyn DynProcedure<M::Env>>, CodecError> {
-    Ok(Box::new(Lazy::<M>::stored(snapshot)?))
+    match Lazy::<M>::stored(snapshot) {
+        Ok(lazy) => Ok(Box::new(lazy)),
+        Err(error @ CodecError::UnknownState { .. }) => {
+            let split = codec::split(snapshot)?;
+            Ok(Box::new(Unreadable::new(
+                M::NAME,
+                &split.cursor,
+                snapshot.clone(),
+                &error,
+            )))
+        }
+        Err(error) => Err(error),
+    }
 }
 
 /// What the registry keeps per machine name.

@@ -14,8 +14,15 @@ use procflow_store::Bytes;
 
 /// A procedure of machine `M`, with its data decoded or still as stored.
 pub(crate) enum Lazy<M: StateMachine> {
-    /// Not decoded since it was loaded: its data's bytes, as the store holds them.
-    Stored { cursor: Cursor<M>, data: Bytes },
+    /// Not decoded since it was loaded: its data's bytes, as the store holds them, with
+    /// the data version that wrote them and the snapshot's format (newer than this
+    /// build's for a record a newer build wrote: never decoded, never rewritten).
+    Stored {
+        cursor: Cursor<M>,
+        data: Bytes,
+        data_version: u32,
+        format: u8,
+    },
     /// Decoded, or never stored encoded (submitted, spawned, revived).
     Decoded(Instance<M>),
 }
@@ -27,10 +34,26 @@ impl<M: StateMachine> Lazy<M> {
     ///
     /// [`CodecError`] if the snapshot's header is not one of `M` this build can read.
     pub(crate) fn stored(snapshot: &Bytes) -> Result<Self, CodecError> {
-        let (cursor, data) = codec::decode_cursor::<M>(snapshot)?;
+        let (cursor, split) = codec::decode_cursor::<M>(snapshot)?;
         // The data is the snapshot's tail: a slice of the same bytes, not a copy.
-        let data = snapshot.slice(snapshot.len() - data.len()..);
-        Ok(Self::Stored { cursor, data })
+        let data = snapshot.slice(snapshot.len() - split.data.len()..);
+        Ok(Self::Stored {
+            cursor,
+            data,
+            data_version: split.data_version,
+            format: split.format,
+        })
+    }
+
+    /// Why this build must neither run nor rewrite it, if so: its snapshot is of a newer
+    /// format than this build writes.
+    pub(crate) fn newer_format(&self) -> Option<CodecError> {
+        match self {
+            Self::Stored { format, .. } if *format > codec::SNAPSHOT_VERSION => {
+                Some(CodecError::NewerFormat { found: *format })
+            }
+            _ => None,
+        }
     }
 
     pub(crate) fn cursor(&self) -> &Cursor<M> {
@@ -62,8 +85,17 @@ impl<M: StateMachine> Lazy<M> {
     /// [`CodecError::Decode`] if the stored data is not an `M::Procedure` of this build;
     /// the procedure is left as it was.
     pub(crate) fn decoded(&mut self) -> Result<&mut Instance<M>, CodecError> {
-        if let Self::Stored { cursor, data } = self {
-            let procedure = codec::decode_data::<M>(data)?;
+        if let Some(newer) = self.newer_format() {
+            return Err(newer);
+        }
+        if let Self::Stored {
+            cursor,
+            data,
+            data_version,
+            ..
+        } = self
+        {
+            let procedure = codec::decode_data::<M>(*data_version, data)?;
             let cursor = std::mem::take(cursor);
             *self = Self::Decoded(Instance { procedure, cursor });
         }
@@ -81,7 +113,12 @@ impl<M: StateMachine> Lazy<M> {
     /// [`CodecError::Encode`] if the data (or the header) cannot be serialized.
     pub(crate) fn encode_into(&self, out: Vec<u8>) -> Result<Vec<u8>, CodecError> {
         match self {
-            Self::Stored { cursor, data } => codec::encode_stored_into(cursor, data, out),
+            Self::Stored {
+                cursor,
+                data,
+                data_version,
+                ..
+            } => codec::encode_stored_into(cursor, *data_version, data, out),
             Self::Decoded(instance) => {
                 codec::encode_into(&instance.procedure, &instance.cursor, out)
             }

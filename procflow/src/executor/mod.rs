@@ -56,6 +56,7 @@ mod runner;
 pub(crate) mod status;
 mod submit;
 mod timers;
+mod unreadable;
 mod view;
 mod wakes;
 mod watched;

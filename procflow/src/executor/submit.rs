@@ -126,6 +126,7 @@ async fn persist_and_run<E: Send + Sync + 'static>(
     }
     metrics::counter!("procflow_submitted_total", "machine" => machine).increment(1);
     let launch = Launch {
+        newer: None,
         id,
         parent: None,
         ancestors: Vec::new(),

@@ -80,6 +80,10 @@ pub struct ProcedureRecord {
     pub state: String,
     /// Steps completed, forward and rollback.
     pub steps: u64,
+    /// The version of the procedure type that wrote its data
+    /// (`#[state_machine(version = ..)]`); 1 for records written before procflow stored it.
+    #[serde(default = "first_version")]
+    pub data_version: u32,
     /// Failed tries of the current step.
     pub attempts: u32,
     /// The last failure of the current step.
@@ -150,8 +154,8 @@ impl ProcedureRecord {
     /// (`locks::restore`).
     pub(crate) fn read(record: &Record) -> Result<(Self, bool), String> {
         let (envelope, snapshot) = Envelope::decode(&record.value)?;
-        let machine = codec::machine_name(snapshot).map_err(|e| e.to_string())?;
-        let (cursor, _) = codec::read_cursor(snapshot, &machine).map_err(|e| e.to_string())?;
+        let split = codec::split(snapshot).map_err(|e| e.to_string())?;
+        let (machine, cursor, data_version) = (split.machine, split.cursor, split.data_version);
         let (mut status, cause) = status_of(&cursor.phase, &envelope);
         let trouble = envelope.trouble.as_ref();
         if let Some((trouble, since)) = trouble.and_then(|t| Some((t, t.stuck_since_ms?))) {
@@ -180,6 +184,7 @@ impl ProcedureRecord {
             nonce: envelope.nonce.clone(),
             state: cursor.state.clone().into_owned(),
             steps: cursor.steps,
+            data_version,
             attempts: trouble.map_or(0, |t| t.attempts),
             last_error: trouble.map(|t| t.error.clone()),
             cause: cause.cloned(),
@@ -219,4 +224,9 @@ fn waiting(wait: &Wait) -> Waiting {
             until: until_ms.map(time_of),
         },
     }
+}
+
+/// The data version of a record whose JSON does not say (an older admin API).
+fn first_version() -> u32 {
+    1
 }

@@ -16,13 +16,16 @@
 
 use crate::codec::CodecError;
 use crate::locks::{Hold, Lock, Locks};
+use crate::stored::codec::{insert_length, take_sized};
 use crate::stored::history::{History, Mark, StepKind, StepOutcome};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 
 /// The version byte that starts every envelope. Version 1 (no update time, locks,
 /// trouble, requests or history) and version 2 (no record of whether the procedure holds
-/// its locks) are still read.
+/// its locks, no length) are still read. From version 3 on, the envelope's length
+/// follows the version: a later version appends fields and stays readable, as far as
+/// this build knows it, by this build (which then neither runs nor rewrites the record).
 pub(crate) const ENVELOPE_VERSION: u8 = 3;
 
 /// The first envelope version that records the procedure's locks.
@@ -97,6 +100,10 @@ pub(crate) struct BypassMark {
 /// The runtime's part of a stored procedure.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Envelope {
+    /// The format the record was read in (this build writes [`ENVELOPE_VERSION`]); a
+    /// larger one is a record a newer build wrote. Not a field of the body: the version
+    /// byte and the body's length come before it.
+    #[serde(skip)]
     pub(crate) version: u8,
     pub(crate) wait: Wait,
     pub(crate) nonce: Option<String>,
@@ -303,9 +310,12 @@ impl Envelope {
             machine: "(envelope)",
             source,
         };
-        let scratch = SCRATCH.take();
+        let mut scratch = SCRATCH.take();
+        scratch.push(ENVELOPE_VERSION);
+        let body = scratch.len();
         let out = postcard::to_extend(self, scratch).map_err(failed)?;
-        let out = self.history.write_to(out).map_err(failed)?;
+        let mut out = self.history.write_to(out).map_err(failed)?;
+        insert_length(&mut out, body);
         let mut out = encode_snapshot(out)?;
         let value = out.to_vec();
         if out.capacity() <= SCRATCH_KEPT {
@@ -329,7 +339,14 @@ impl Envelope {
                     postcard::take_from_bytes::<EnvelopeV2>(bytes).map_err(unreadable)?;
                 Ok((v2.into(), snapshot))
             }
-            Some(&ENVELOPE_VERSION) => postcard::take_from_bytes::<Self>(bytes).map_err(unreadable),
+            // This build's version, or a later one, which appends to the fields it knows.
+            Some(&version) if version >= ENVELOPE_VERSION => {
+                let (body, snapshot) = take_sized(&bytes[1..]).map_err(unreadable)?;
+                let (mut envelope, _) =
+                    postcard::take_from_bytes::<Self>(body).map_err(unreadable)?;
+                envelope.version = version;
+                Ok((envelope, snapshot))
+            }
             Some(version) => Err(format!(
                 "envelope version {version} is not supported (this procflow reads 1 to {ENVELOPE_VERSION})"
             )),
@@ -409,7 +426,33 @@ mod tests {
         assert_eq!(envelope.updated_ms, 2_000);
         assert_eq!(envelope.history.len(), 0);
         assert_eq!(rest, b"snapshot");
-        assert!(Envelope::decode(&[4, 0]).unwrap_err().contains("version 4"));
+        assert!(Envelope::decode(&[0, 0]).unwrap_err().contains("version 0"));
+    }
+
+    /// A later build's envelope appends fields to its body: this build reads the fields
+    /// it knows, says which version it read, and finds the snapshot after the body.
+    #[test]
+    fn a_newer_envelope_is_read_as_far_as_this_build_knows_it() {
+        let mut envelope = Envelope::new(Some("n".into()), None, &Locks::none());
+        envelope.holds_locks = Some(true);
+        let mut bytes = envelope.encode(Ok).unwrap();
+        let (body, _) = take_sized(&bytes[1..]).unwrap();
+        let mut body = body.to_vec();
+        body.extend_from_slice(&[0xAB, 0xCD]); // Version 4's new fields.
+        let mut newer = vec![4u8];
+        newer.extend_from_slice(&body);
+        insert_length(&mut newer, 1);
+        newer.extend_from_slice(b"snapshot");
+        let (read, rest) = Envelope::decode(&newer).unwrap();
+        assert_eq!(read.version, 4);
+        assert_eq!(read.nonce.as_deref(), Some("n"));
+        assert_eq!(read.holds_locks, Some(true));
+        assert_eq!(rest, b"snapshot");
+        bytes.extend_from_slice(b"snapshot");
+        assert_eq!(
+            Envelope::decode(&bytes).unwrap().0.version,
+            ENVELOPE_VERSION
+        );
     }
 
     #[test]

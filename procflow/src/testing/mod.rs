@@ -12,6 +12,8 @@
 //! - [`CrashTest::rollback_double_execution`] does the same for a procedure that rolls
 //!   back (it fails, or is aborted at step N), dying before every rollback write.
 //! - [`StepByStep`] runs one step at a time and hands back the persisted state after each.
+//! - [`golden`] fails when the stored form of a procedure type changes without a data
+//!   version bump, and checks that older versions' samples still migrate.
 //!
 //! Every pass also checks lock exclusivity ([`lock_conflict`]): at every store write and
 //! after every restart, no two procedures of the tree (a procedure and its children hold
@@ -68,8 +70,10 @@
 //! ```
 
 mod exclusive;
+mod golden;
 
 pub use exclusive::{LockConflict, lock_conflict};
+pub use golden::{BLESS, Golden, GoldenError, golden};
 
 use crate::codec;
 use crate::executor::{

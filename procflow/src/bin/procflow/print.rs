@@ -45,6 +45,7 @@ pub fn show(catalog: &Catalog, record: &ProcedureRecord, json: bool) {
     field("status", record.status.name().to_owned());
     field("state", record.state.clone());
     field("steps", record.steps.to_string());
+    field("data version", record.data_version.to_string());
     if let Some(nonce) = &record.nonce {
         field("nonce", nonce.clone());
     }

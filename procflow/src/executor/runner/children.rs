@@ -63,6 +63,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
                 envelope,
                 acted: false,
                 holding: false,
+                newer: None,
             });
         }
         self.commit(WriteKind::Spawn, batch).await?;
@@ -265,6 +266,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             envelope,
             acted: false,
             holding: false,
+            newer: None,
         }))
     }
 

@@ -52,6 +52,9 @@ pub(crate) struct Launch<E> {
     pub(crate) acted: bool,
     /// Whether its locks were given back to it already (held for life before a restart).
     pub(crate) holding: bool,
+    /// Set when a newer build wrote its record in a format this build reads only in part:
+    /// why it is neither run nor rewritten here (see [`unloadable`]).
+    pub(crate) newer: Option<Box<str>>,
 }
 
 /// Adds the procedure to the table (if it is not there yet) and starts its task.
@@ -86,7 +89,12 @@ pub(crate) enum Resumed<E> {
 impl<E: Send + Sync + 'static> Resumed<E> {
     /// `launch`, just loaded from `value`, its entry in the table.
     pub(crate) fn new(inner: &Arc<Inner<E>>, launch: Launch<E>, value: Bytes) -> Self {
-        let Wait::Event { until_ms, .. } = launch.envelope.wait else {
+        // A record a newer build wrote runs at once, to be reported stuck.
+        let suspended = match &launch.envelope.wait {
+            Wait::Event { until_ms, .. } if launch.newer.is_none() => Some(*until_ms),
+            _ => None,
+        };
+        let Some(until_ms) = suspended else {
             let wake = signal_of(inner, launch.id);
             return Self::Runnable(Box::new(launch), wake);
         };
@@ -168,6 +176,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             stopping_children: None,
             refused: None,
             refusing: false,
+            newer: launch.newer,
             parking: None,
             retry_at: None,
             lock_ticket: None,
@@ -298,6 +307,9 @@ struct Runner<E> {
     retry_at: Option<u64>,
     /// The lock request it waits on, queued in the lock table.
     lock_ticket: Option<u64>,
+    /// A newer build wrote its record (see [`Launch::newer`]): it is stuck, and this build
+    /// writes nothing of it.
+    newer: Option<Box<str>>,
 }
 
 impl<E: Send + Sync + 'static> Runner<E> {
@@ -342,6 +354,10 @@ impl<E: Send + Sync + 'static> Runner<E> {
     async fn turn(&mut self) -> Result<(), Exit> {
         if !self.inner.is_running() {
             return Err(Exit);
+        }
+        if let Some(why) = self.newer.clone() {
+            self.stuck_newer(&why);
+            return Ok(());
         }
         // The paths off the plain step loop are boxed: the task's future (one allocation
         // per procedure, moved when spawned) stays the size the loop needs.

@@ -31,6 +31,20 @@ impl<E: Send + Sync + 'static> Runner<E> {
         self.publish();
         self.park_until(None);
     }
+
+    /// A newer build wrote its record, in a format this build reads only in part: it is
+    /// stuck before it runs anything, and operators' requests on it are refused, since
+    /// acting would rewrite the record in this build's format and drop what it cannot
+    /// read. It keeps its locks (its envelope said which).
+    pub(super) fn stuck_newer(&mut self, why: &str) {
+        let error = Error::fatal(why.to_owned());
+        self.become_stuck(&error);
+        self.last_error = Some(Box::new(error));
+        let refused = Settled::Refused(format!("{why} (this build does not rewrite it)"));
+        self.settle_requests(&refused);
+        self.publish();
+        self.park_until(None);
+    }
 }
 
 /// Lets procedure `id` go without writing it: the store keeps its last record. For a
