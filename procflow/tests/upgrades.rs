@@ -442,6 +442,97 @@ on_both_stores! {
         a_state_only_a_newer_build_knows_is_stuck_keeping_its_lock;
     p5_a_record_of_a_newer_format_is_stuck_never_rewritten_and_requests_refused =>
         a_record_of_a_newer_format_is_stuck_never_rewritten_and_requests_refused;
+    p3_the_start_check_refuses_a_build_that_cannot_run_the_store_and_writes_nothing =>
+        the_start_check_refuses_a_build_that_cannot_run_the_store_and_writes_nothing;
+}
+
+/// Point 3: with the start check on, a build that cannot run every live procedure does
+/// not start, names them by machine and id, and leaves the store as it was; the build
+/// that can starts and runs them.
+async fn the_start_check_refuses_a_build_that_cannot_run_the_store_and_writes_nothing(
+    store: TestStore,
+) {
+    use procflow::executor::ExecutorError;
+    let shop = Arc::new(Shop::default());
+    let first = start_v1(&store, &shop).await;
+    let a = first.submit(order_v1("a")).await.unwrap();
+    status_is(&first, a, suspended).await;
+    let store = stop(first, store).await;
+    let second = start_v2(&store, &shop).await;
+    let b = second
+        .submit(v2::Order {
+            name: "b".into(),
+            qty: 1,
+            priority: v2::Priority::Low,
+            note: None,
+        })
+        .await
+        .unwrap();
+    status_is(&second, b, suspended).await;
+    let store = stop(second, store).await;
+    let before = store.store.load().await.unwrap();
+
+    let checked = |builder: procflow::executor::ExecutorBuilder<Shop>| async move {
+        match builder.check_data(true).start().await {
+            Err(ExecutorError::DataCheck { unreadable }) => unreadable,
+            other => panic!("started: {:?}", other.map(|_| ())),
+        }
+    };
+    let builder = || {
+        Executor::builder_shared(Arc::clone(&store.store), Arc::clone(&shop))
+            .config(common::test_config())
+    };
+    // v3 reads versions 2 and 3 only: `a` has no migration there.
+    let unreadable = checked(builder().register::<v3::OrderState>()).await;
+    assert_eq!(unreadable.len(), 1);
+    assert_eq!(
+        (unreadable[0].id, unreadable[0].machine.as_str()),
+        (a, "order")
+    );
+    assert!(
+        unreadable[0]
+            .reason
+            .contains("no migration for data version 1"),
+        "{unreadable:?}"
+    );
+    // v1 does not know the state v2 renamed, which `b` went through.
+    let unreadable = checked(builder().register::<v1::OrderState>()).await;
+    assert_eq!(unreadable.iter().map(|u| u.id).collect::<Vec<_>>(), [b]);
+    assert!(
+        unreadable[0].reason.contains("`Hold` is not a state"),
+        "{unreadable:?}"
+    );
+    // A build that does not run the machine at all.
+    let unreadable = checked(builder()).await;
+    assert_eq!(unreadable.iter().map(|u| u.id).collect::<Vec<_>>(), [a, b]);
+    assert!(
+        unreadable[0].reason.contains("not registered"),
+        "{unreadable:?}"
+    );
+    let message = ExecutorError::DataCheck { unreadable }.to_string();
+    println!("{message}");
+    assert!(message.contains("2 live procedure(s)"), "{message}");
+    assert!(
+        message.contains(&format!("machine `order`: {a}, {b}: ")),
+        "{message}"
+    );
+    assert_eq!(store.store.load().await.unwrap(), before, "nothing written");
+
+    // v2 reads both.
+    let executor = builder()
+        .register::<v2::OrderState>()
+        .check_data(true)
+        .start()
+        .await
+        .unwrap();
+    for (id, name) in [(a, "a"), (b, "b")] {
+        pay(&executor, &shop, name).await;
+        assert_eq!(
+            executor.wait(id).bounded().await.unwrap(),
+            Outcome::Succeeded
+        );
+    }
+    executor.shutdown().bounded().await.unwrap();
 }
 
 /// v1 leaves two orders suspended at `Ship`, holding their locks; v2 is deployed. Their

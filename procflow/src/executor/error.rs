@@ -69,12 +69,54 @@ pub enum ExecutorError {
         /// The claimant's lock in the holder's way.
         lock: crate::locks::Lock,
     },
+    /// The start check ([`ExecutorBuilder::check_data`](super::ExecutorBuilder::check_data))
+    /// found live procedures this build cannot run: a machine not registered, a state
+    /// removed (or renamed without an alias), a data version with no migration, or a
+    /// record a newer build wrote. Nothing was started and nothing written: deploy the
+    /// previous build again, or fix this one (a migration, an alias, a registration).
+    #[error("{}", unreadable_message(.unreadable))]
+    DataCheck {
+        /// Every live procedure found unreadable, by id.
+        unreadable: Vec<super::Unloadable>,
+    },
     /// The executor's own metadata in the store cannot be read.
     #[error("cannot read the executor metadata `{key}` in the store")]
     Metadata {
         /// The metadata key.
         key: String,
     },
+}
+
+/// "3 live procedures cannot be run by this build (...): machine `order`: #3, #7: why".
+fn unreadable_message(unreadable: &[super::Unloadable]) -> String {
+    use std::collections::BTreeMap;
+    let mut by_cause: BTreeMap<(&str, &str), Vec<String>> = BTreeMap::new();
+    for u in unreadable {
+        by_cause
+            .entry((u.machine.as_str(), u.reason.as_str()))
+            .or_default()
+            .push(u.id.to_string());
+    }
+    let causes: Vec<String> = by_cause
+        .into_iter()
+        .map(|((machine, reason), ids)| {
+            let shown: Vec<&str> = ids.iter().take(10).map(String::as_str).collect();
+            let more = ids.len().saturating_sub(shown.len());
+            let more = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            format!("machine `{machine}`: {}{more}: {reason}", shown.join(", "))
+        })
+        .collect();
+    format!(
+        "the start check found {} live procedure(s) this build cannot run; nothing was \
+         started or written (deploy the previous build again, or add the migration, alias \
+         or registration this one lacks): {}",
+        unreadable.len(),
+        causes.join("; ")
+    )
 }
 
 impl ExecutorError {
