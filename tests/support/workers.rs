@@ -69,6 +69,40 @@ impl Workers {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("group_worker starts");
+        self.forward(i, &mut child);
+        self.children[i] = Some(child);
+    }
+
+    /// Starts worker `i` as `program` (another worker binary than `group_worker`), with
+    /// `--endpoints`, `--prefix`, `--name w<i>` and then `args`.
+    pub fn spawn_program(&mut self, i: usize, program: &str, args: &[&str]) {
+        let mut child = Command::new(program)
+            .args([
+                "--endpoints",
+                &self.cluster_endpoints,
+                "--prefix",
+                &self.prefix,
+            ])
+            .args(["--name", &format!("w{i}")])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the worker starts");
+        self.forward(i, &mut child);
+        if self.children.len() <= i {
+            self.children.resize_with(i + 1, || None);
+        }
+        self.children[i] = Some(child);
+    }
+
+    /// The directory workers keep their ledger (and other outside effects) in.
+    pub fn dir(&self) -> &std::path::Path {
+        self.ledger.path()
+    }
+
+    /// Sends each line `child` prints to the merged channel, as worker `i`'s.
+    fn forward(&self, i: usize, child: &mut Child) {
         let stdout = child.stdout.take().unwrap();
         let sender = self.sender.clone();
         std::thread::spawn(move || {
@@ -80,7 +114,6 @@ impl Workers {
                 });
             }
         });
-        self.children[i] = Some(child);
     }
 
     /// Waits up to `within` for a line matching `wanted`.

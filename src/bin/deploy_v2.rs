@@ -1,0 +1,11 @@
+//! Release 2 of the deploy test's worker (see `deploy/worker.rs`): `tests/deploy.rs`
+//! deploys it over the other release's store, and back.
+
+#[path = "deploy/order_v2.rs"]
+mod order;
+#[path = "deploy/worker.rs"]
+mod worker;
+
+fn main() {
+    worker::main();
+}
