@@ -37,6 +37,9 @@
 //! | `max_repeats = N` | no | how often any state may be re-entered before the step fails with [`Error::StepCycle`](crate::Error::StepCycle); default [`DEFAULT_MAX_REPEATS`](crate::DEFAULT_MAX_REPEATS) |
 //! | `module = "name"` | no | the name of the generated targets module; default: the enum's name in snake case (`foo_state`). Use it when that name is taken |
 //! | `crate = "path"` | no | where generated code finds procflow when it is re-exported by another crate (`crate = "my_sdk::procflow"`). A renamed dependency needs nothing: the name is read from your `Cargo.toml` |
+//! | `version = N` | no | the data version of the procedure type this build writes, stored in every record; default 1. Bump it when the stored form changes (see the README's "Upgrading your procedures") |
+//! | `migrate(1 = OldV1, 2 = OldV2)` | from `version = 2` on | for each older data version, the type its records are read as (`Deserialize`, with `impl From<Old> for Procedure`): one for every version from `oldest` to `version - 1`, or it does not compile |
+//! | `oldest = K` | no | the oldest data version this build reads (default 1): versions below it need no migration, and their records are reported by the start check |
 //!
 //! ```
 //! use procflow::prelude::*;
@@ -62,6 +65,62 @@
 //!
 //! assert_eq!(DropTableState::NAME, "drop_table");
 //! assert_eq!(DropTableState::Drop.max_repeats(), 10);
+//! ```
+//!
+//! ## Data versions and migrations
+//!
+//! ```
+//! use procflow::prelude::*;
+//!
+//! #[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+//! #[state_machine(procedure = Resize, version = 2, migrate(1 = ResizeV1))]
+//! enum ResizeState {
+//!     #[initial] #[transition(to = [Done])] Apply,
+//!     #[terminal] Done,
+//! }
+//!
+//! /// Version 2 added `unit`.
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct Resize { table: String, size: u64, unit: String }
+//!
+//! /// Version 1, as its records hold it.
+//! #[derive(serde::Deserialize)]
+//! struct ResizeV1 { table: String, size: u64 }
+//!
+//! impl From<ResizeV1> for Resize {
+//!     fn from(v1: ResizeV1) -> Self {
+//!         Resize { table: v1.table, size: v1.size, unit: "GiB".into() }
+//!     }
+//! }
+//!
+//! impl ResizeStateHandlers for Resize {
+//!     async fn apply(&mut self, _: &Context<()>) -> Step<resize_state::Apply> {
+//!         Ok(resize_state::Apply::Done.into())
+//!     }
+//! }
+//!
+//! # mod v1 {
+//! #     use procflow::prelude::*;
+//! #     #[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+//! #     #[state_machine(procedure = Resize, name = "Resize")]
+//! #     pub enum ResizeState { #[initial] #[transition(to = [Done])] Apply, #[terminal] Done }
+//! #     #[derive(serde::Serialize, serde::Deserialize)]
+//! #     pub struct Resize { pub table: String, pub size: u64 }
+//! #     impl ResizeStateHandlers for Resize {
+//! #         async fn apply(&mut self, _: &Context<()>) -> Step<resize_state::Apply> {
+//! #             Ok(resize_state::Apply::Done.into())
+//! #         }
+//! #     }
+//! # }
+//! // A record version 1 (`mod v1`, hidden here) wrote...
+//! let stored = procflow::codec::encode::<v1::ResizeState>(
+//!     &v1::Resize { table: "users".into(), size: 8 },
+//!     &procflow::Cursor::new(),
+//! )?;
+//! // ...is read by version 2 through the migration.
+//! let (resize, _) = procflow::codec::decode::<ResizeState>(&stored)?;
+//! assert_eq!((resize.size, resize.unit.as_str()), (8, "GiB"));
+//! # Ok::<(), procflow::codec::CodecError>(())
 //! ```
 //!
 //! # On a variant
@@ -157,6 +216,32 @@
 //! }
 //! assert!(TransferState::Debit.has_rollback());
 //! assert!(TransferState::Credit.is_point_of_no_return());
+//! ```
+//!
+//! ## `#[alias = "OldName"]`
+//!
+//! The state's former name: stored procedures that name it (their current state, their
+//! rollback stack) load as this state, and are stored under the new name when next
+//! written. Repeat it for several former names. An alias may not be a state's name or
+//! another state's alias.
+//!
+//! ```
+//! use procflow::prelude::*;
+//!
+//! #[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+//! #[state_machine(procedure = Job)]
+//! enum JobState {
+//!     #[initial] #[alias = "Prepare"] #[transition(to = [Done])] Plan,
+//!     #[terminal] Done,
+//! }
+//! # #[derive(serde::Serialize, serde::Deserialize)]
+//! # struct Job;
+//! # impl JobStateHandlers for Job {
+//! #     async fn plan(&mut self, _: &Context<()>) -> Step<job_state::Plan> {
+//! #         Ok(job_state::Plan::Done.into())
+//! #     }
+//! # }
+//! assert_eq!(JobState::from_name("Prepare"), Some(JobState::Plan));
 //! ```
 //!
 //! ## `#[max_repeats = N]`

@@ -10,6 +10,7 @@ use std::borrow::Cow;
 
 /// The life of a procedure, as persisted.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum Phase {
     /// Executing steps forward.
     Running,

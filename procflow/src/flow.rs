@@ -34,6 +34,7 @@ pub type Step<T> = Result<Flow<T>, Error>;
 /// ```
 #[derive(Debug)]
 #[must_use = "a flow does nothing until the handler returns it"]
+#[non_exhaustive]
 pub enum Flow<T> {
     /// Move to this state. The move is persisted before the state's handler runs.
     Next(T),

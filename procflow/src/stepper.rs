@@ -8,6 +8,7 @@ use std::time::Duration;
 
 /// What one call to [`Stepper::step`] did.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum StepReport<M> {
     /// The step completed and the procedure moved from `from` to `to`.
     Moved {

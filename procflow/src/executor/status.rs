@@ -146,6 +146,7 @@ impl ProcedureInfo {
 
 /// How a procedure ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// It reached a terminal state.
     Succeeded,

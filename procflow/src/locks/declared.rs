@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 /// How long a procedure holds its [`Locks`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum Hold {
     /// From before its first step until it ends (rolled back included); re-taken after a
     /// restart before it runs again. HBase's `holdLock = true`.
