@@ -78,6 +78,7 @@ pub fn run(quick: bool, runtime: &Runtime, base: &Path) -> Restarted {
     };
     let warm = measure(&dir, &files, n, false);
     print_table(n, generated, files.len(), bytes, cold.as_ref(), &warm);
+    print_check_cost(&dir, n);
     std::fs::remove_dir_all(&dir).expect("remove the restart log");
     let pass = cold.as_ref().unwrap_or(&warm);
     Restarted {
@@ -102,7 +103,7 @@ pub fn profile(runtime: &Runtime, dir: &Path, n: u64) {
         let _ = std::process::Command::new("sync").status();
     }
     for _ in 0..5 {
-        let (open, ready, live, rss) = load_in_child(dir, n);
+        let (open, ready, live, rss) = load_in_child(dir, n, false);
         println!(
             "restart:{n}: open {:.3} s, ready {:.3} s, {live} live, RSS {:.1} MB",
             open.as_secs_f64(),
@@ -110,10 +111,38 @@ pub fn profile(runtime: &Runtime, dir: &Path, n: u64) {
             rss as f64 / 1e6
         );
     }
+    print_check_cost(dir, n);
 }
 
 /// The flag that makes the bench binary a restarting process.
 const CHILD_FLAG: &str = "--restart-child";
+/// With it, the restarting process starts its executor with the start check
+/// (`ExecutorBuilder::check_data`).
+const CHECK_FLAG: &str = "--check-data";
+
+/// The start check's cost: warm restarts with and without it, taking turns (three each),
+/// each in a fresh process; prints the medians and their ratio.
+fn print_check_cost(dir: &Path, n: u64) {
+    let (mut plain, mut checked) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        plain.push(load_in_child(dir, n, false).1);
+        checked.push(load_in_child(dir, n, true).1);
+    }
+    let median = |times: &mut Vec<Duration>| {
+        times.sort();
+        times[times.len() / 2]
+    };
+    let (plain, checked) = (median(&mut plain), median(&mut checked));
+    println!();
+    println!(
+        "(6) the start check (`check_data(true)`, every live procedure's data decoded at start), \
+         warm, medians of three turns: executor ready in {:.3} s with it, {:.3} s without: \
+         check_vs_plain={:.2}",
+        checked.as_secs_f64(),
+        plain.as_secs_f64(),
+        checked.as_secs_f64() / plain.as_secs_f64()
+    );
+}
 
 /// If the arguments are `--restart-child DIR N`, restarts on the log in `DIR`, prints
 /// the timings on one line for the parent and returns `true`.
@@ -131,7 +160,8 @@ pub fn child_main() -> bool {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let (open, ready, live, rss) = load(&runtime, &dir, n);
+    let check = args.iter().any(|arg| arg == CHECK_FLAG);
+    let (open, ready, live, rss) = load(&runtime, &dir, n, check);
     println!(
         "{CHILD_FLAG} {} {} {live} {rss}",
         open.as_secs_f64(),
@@ -140,13 +170,15 @@ pub fn child_main() -> bool {
     true
 }
 
-/// Runs [`load`] in a fresh process: this binary with `--restart-child`.
-fn load_in_child(dir: &Path, n: u64) -> (Duration, Duration, usize, u64) {
+/// Runs [`load`] in a fresh process: this binary with `--restart-child` (and the start
+/// check if `check`).
+fn load_in_child(dir: &Path, n: u64, check: bool) -> (Duration, Duration, usize, u64) {
     let exe = std::env::current_exe().expect("the bench binary's path");
     let output = std::process::Command::new(exe)
         .arg(CHILD_FLAG)
         .arg(dir)
         .arg(n.to_string())
+        .args(check.then_some(CHECK_FLAG))
         .args(["--history", &crate::drive::config().history.to_string()])
         .stderr(std::process::Stdio::inherit())
         .output()
@@ -174,7 +206,7 @@ fn measure(dir: &Path, files: &[PathBuf], n: u64, cold: bool) -> Pass {
     cool();
     let read = read_all(files);
     cool();
-    let (open, ready, live, rss) = load_in_child(dir, n);
+    let (open, ready, live, rss) = load_in_child(dir, n, false);
     Pass {
         read,
         open,
@@ -210,7 +242,7 @@ fn generate(runtime: &Runtime, dir: &Path, n: u64) {
 /// every parked one gets its running slot back). Returns the time to open the store, the
 /// time until the executor is ready (from the same start), and how many procedures it
 /// resumed, and the process's resident memory once ready.
-fn load(runtime: &Runtime, dir: &Path, n: u64) -> (Duration, Duration, usize, u64) {
+fn load(runtime: &Runtime, dir: &Path, n: u64, check: bool) -> (Duration, Duration, usize, u64) {
     runtime.block_on(async {
         let start = Instant::now();
         let store = Arc::new(WalStore::open(dir, WalConfig::default()).expect("reopen"));
@@ -218,6 +250,7 @@ fn load(runtime: &Runtime, dir: &Path, n: u64) -> (Duration, Duration, usize, u6
         let executor = Executor::builder(store, ())
             .register::<FiveUpdates>()
             .config(parked::config(n))
+            .check_data(check)
             .start()
             .await
             .expect("restart the executor");
