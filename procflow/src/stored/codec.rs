@@ -23,7 +23,7 @@
 //! The header's length is stored so that a later format can append fields to the header
 //! and still be read, as far as this build knows it, by this build: a snapshot of a newer
 //! format is read (machine, data version, cursor) and reported as written by a newer
-//! build ([`Split::format`]), never decoded as data this build would misread.
+//! build (the split header's `format`), never decoded as data this build would misread.
 //! docs/FORMAT.md describes every field.
 
 use crate::cursor::Repr;
