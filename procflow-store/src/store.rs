@@ -232,9 +232,9 @@ pub struct Loaded {
 
 /// Size limits a store imposes on one batch; `None` means unbounded.
 ///
-/// The etcd store says 127 ops (etcd's 128 per transaction, less the fencing compare) and
-/// about 1.5 MiB of values and metadata keys per batch (etcd's request limit, less the room
-/// its own keys and framing take).
+/// The etcd store says 126 ops (etcd's 128 per transaction, less the fencing and the
+/// sequence compares) and about 1.5 MiB of values and metadata keys per batch (etcd's
+/// request limit, less the room its own keys and framing take).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Limits {
     /// The most ops one [`Batch`] may hold.

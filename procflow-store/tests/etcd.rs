@@ -66,8 +66,8 @@ async fn batches_at_the_limits_commit_and_one_over_is_too_large_and_writes_nothi
         limits.max_batch_bytes.unwrap(),
     );
     assert_eq!(
-        max_ops, 127,
-        "etcd's 128 ops per transaction, less the fencing compare"
+        max_ops, 126,
+        "etcd's 128 ops per transaction, less the fencing and the sequence compares"
     );
     assert!(
         max_bytes > 1_400_000,
@@ -115,8 +115,8 @@ async fn batches_at_the_limits_commit_and_one_over_is_too_large_and_writes_nothi
             err,
             StoreError::TooLarge {
                 what: "ops per batch",
-                size: 128,
-                limit: 127
+                size: 127,
+                limit: 126
             }
         ),
         "{err}"

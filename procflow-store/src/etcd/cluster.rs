@@ -59,6 +59,42 @@ pub struct LocalCluster {
     initial_cluster: String,
     token: String,
     dir: tempfile::TempDir,
+    options: ClusterOptions,
+}
+
+/// How a [`LocalCluster`]'s members run, beyond what every one needs.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct ClusterOptions {
+    /// `--quota-backend-bytes`: the database size past which etcd refuses writes
+    /// (`mvcc: database space exceeded`); etcd's default (2 GiB) when `None`.
+    pub quota_bytes: Option<u64>,
+    /// `--experimental-watch-progress-notify-interval`: how often a watch with progress
+    /// notifications hears from its member when nothing changes; etcd's default (10 min)
+    /// when `None`.
+    pub progress_notify: Option<Duration>,
+}
+
+impl ClusterOptions {
+    /// etcd's defaults.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets [`quota_bytes`](Self::quota_bytes).
+    #[must_use]
+    pub fn quota_bytes(mut self, bytes: u64) -> Self {
+        self.quota_bytes = Some(bytes);
+        self
+    }
+
+    /// Sets [`progress_notify`](Self::progress_notify).
+    #[must_use]
+    pub fn progress_notify(mut self, every: Duration) -> Self {
+        self.progress_notify = Some(every);
+        self
+    }
 }
 
 impl LocalCluster {
@@ -69,6 +105,15 @@ impl LocalCluster {
     /// [`ClusterError::EtcdMissing`] without the binary; [`ClusterError::Member`] if a
     /// member does not start or become healthy.
     pub fn start(size: usize) -> Result<Self, ClusterError> {
+        Self::start_with(size, ClusterOptions::default())
+    }
+
+    /// [`start`](Self::start), the members run with `options`.
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_with(size: usize, options: ClusterOptions) -> Result<Self, ClusterError> {
         let binary = etcd_binary()?;
         let dir = tempfile::Builder::new()
             .prefix("procflow-etcd-")
@@ -97,6 +142,7 @@ impl LocalCluster {
             initial_cluster,
             token,
             dir,
+            options,
         };
         for i in 0..size {
             cluster.spawn(i)?;
@@ -138,6 +184,27 @@ impl LocalCluster {
                 .map_err(|e| member_error(i, format!("cannot kill: {e}")))?;
         }
         Ok(())
+    }
+
+    /// Sends `signal` (`"-STOP"`, `"-CONT"`, …) to member `i`'s process: a stopped member
+    /// keeps its connections open and answers nothing, as a frozen machine does.
+    ///
+    /// # Errors
+    ///
+    /// [`ClusterError::Member`] if the member does not run or `kill` fails.
+    pub fn signal(&self, i: usize, signal: &str) -> Result<(), ClusterError> {
+        let pid = self
+            .pid(i)
+            .ok_or_else(|| member_error(i, "does not run".to_owned()))?;
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .map_err(|e| member_error(i, format!("cannot run kill: {e}")))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(member_error(i, format!("kill {signal} {pid}: {status}")))
+        }
     }
 
     /// Starts member `i` again on its data and waits until it is healthy.
@@ -191,6 +258,9 @@ impl LocalCluster {
             .args(["--initial-cluster-state", "new"])
             // Fast elections on loopback: a dead etcd leader is replaced in about a second.
             .args(["--heartbeat-interval", "100", "--election-timeout", "1000"])
+            // History is compacted by its users (EtcdStore), never behind their back.
+            .args(["--auto-compaction-retention", "0"])
+            .args(self.extra_args())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -198,6 +268,21 @@ impl LocalCluster {
             .map_err(|e| member_error(i, format!("cannot start {}: {e}", self.binary.display())))?;
         self.members[i].process = Some(process);
         Ok(())
+    }
+
+    /// The options' command-line arguments.
+    fn extra_args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        if let Some(bytes) = self.options.quota_bytes {
+            args.extend(["--quota-backend-bytes".to_owned(), bytes.to_string()]);
+        }
+        if let Some(every) = self.options.progress_notify {
+            args.extend([
+                "--experimental-watch-progress-notify-interval".to_owned(),
+                format!("{}ms", every.as_millis()),
+            ]);
+        }
+        args
     }
 
     fn wait_healthy(&mut self, i: usize, timeout: Duration) -> Result<(), ClusterError> {

@@ -1,15 +1,17 @@
 //! Group commit: batches committed while a transaction is in flight wait in a queue, and
 //! the next transaction carries as many of them as fit (see [`Plan::try_add`]), the way
 //! the WAL's committer shares one fsync. One etcd round trip then persists many
-//! procedures' steps.
+//! procedures' steps. Each transaction applies at most once, at the writer's sequence
+//! number ([`sequence`](super::sequence)); one whose answer is lost is settled.
 
 use std::sync::Arc;
 
-use etcd_client::TxnOpResponse;
+use etcd_client::{Txn, TxnOp, TxnOpResponse, TxnResponse};
 use tokio::sync::{mpsc, oneshot};
 
 use super::Shared;
 use super::plan::{Plan, Prepared};
+use super::sequence::{self, Sequence, Verdict};
 use crate::error::StoreError;
 
 /// A batch waiting for its transaction, and where to send its result.
@@ -19,8 +21,14 @@ pub(crate) struct Pending {
 }
 
 /// Runs until every sender is dropped and the queue is empty.
-pub(crate) async fn run(shared: Arc<Shared>, mut queue: mpsc::UnboundedReceiver<Pending>) {
+/// `start` is the number the writer's key was created at.
+pub(crate) async fn run(
+    shared: Arc<Shared>,
+    start: u64,
+    mut queue: mpsc::UnboundedReceiver<Pending>,
+) {
     let mut carried: Option<Pending> = None;
+    let mut sequence = Sequence::At(start);
     loop {
         let first = match carried.take() {
             Some(first) => first,
@@ -48,14 +56,19 @@ pub(crate) async fn run(shared: Arc<Shared>, mut queue: mpsc::UnboundedReceiver<
                 break;
             }
         }
-        commit_group(&shared, &plan, group).await;
+        commit_group(&shared, &mut sequence, &plan, group).await;
     }
 }
 
 /// Commits `group` as `plan`, one transaction; if a check fails for a group of several,
 /// commits each on its own to find out whose it was.
-async fn commit_group(shared: &Shared, plan: &Plan, group: Vec<Pending>) {
-    let result = commit_plan(shared, plan).await;
+async fn commit_group(
+    shared: &Shared,
+    sequence: &mut Sequence,
+    plan: &Plan,
+    group: Vec<Pending>,
+) {
+    let result = commit_once(shared, sequence, plan).await;
     let refused_check = matches!(
         result,
         Err(StoreError::UnknownProcedure(_) | StoreError::MetaExists { .. })
@@ -64,7 +77,7 @@ async fn commit_group(shared: &Shared, plan: &Plan, group: Vec<Pending>) {
         for pending in group {
             let mut alone = Plan::new(pending.batch.token);
             alone.try_add(&pending.batch, &shared.keys);
-            let result = commit_plan(shared, &alone).await;
+            let result = commit_once(shared, sequence, &alone).await;
             finish(shared, pending, result);
         }
         return;
@@ -82,49 +95,192 @@ fn finish(shared: &Shared, pending: Pending, result: Result<(), StoreError>) {
     let _ = pending.reply.send(result);
 }
 
-/// One transaction: `Ok` if it applied, else the check that failed.
-async fn commit_plan(shared: &Shared, plan: &Plan) -> Result<(), StoreError> {
-    let response = shared
-        .call(
-            "committing a transaction (it may or may not have applied)",
-            |mut kv| {
-                let txn = plan.txn(&shared.keys);
-                async move { kv.txn(txn).await }
-            },
-        )
-        .await?;
-    if response.succeeded() {
-        return Ok(());
+/// How one attempt of a transaction went.
+enum Attempt {
+    Applied,
+    /// It did not apply: one of its checks failed (a definite answer).
+    Refused(StoreError),
+    /// No answer (a timeout, a lost connection): it may apply yet.
+    Unknown(StoreError),
+    /// The sequence key holds a number this writer did not expect.
+    Lost(StoreError),
+}
+
+/// Commits `plan` exactly once: at the writer's sequence number, settling an attempt
+/// whose answer is lost. `Ok` if it applied (now or by an earlier attempt).
+async fn commit_once(
+    shared: &Shared,
+    sequence: &mut Sequence,
+    plan: &Plan,
+) -> Result<(), StoreError> {
+    let expected = current(shared, sequence).await?;
+    match attempt(shared, plan, expected).await {
+        Attempt::Applied => {
+            *sequence = Sequence::At(expected + 1);
+            Ok(())
+        }
+        Attempt::Refused(error) => Err(error),
+        Attempt::Lost(error) => {
+            *sequence = Sequence::Unknown;
+            Err(error)
+        }
+        Attempt::Unknown(error) => match settle(shared, expected).await {
+            // The lost attempt can never apply: send the batch again, once.
+            Some(false) => {
+                *sequence = Sequence::At(expected + 1);
+                match attempt(shared, plan, expected + 1).await {
+                    Attempt::Applied => {
+                        *sequence = Sequence::At(expected + 2);
+                        Ok(())
+                    }
+                    Attempt::Refused(error) => Err(error),
+                    Attempt::Unknown(error) | Attempt::Lost(error) => {
+                        *sequence = Sequence::Unknown;
+                        Err(error)
+                    }
+                }
+            }
+            Some(true) => {
+                *sequence = Sequence::At(expected + 1);
+                Ok(())
+            }
+            None => {
+                *sequence = Sequence::Unknown;
+                Err(error)
+            }
+        },
     }
+}
+
+/// The number the writer's next transaction expects, read from etcd if an earlier
+/// outcome left it unknown.
+async fn current(shared: &Shared, sequence: &mut Sequence) -> Result<u64, StoreError> {
+    if let Sequence::At(n) = *sequence {
+        return Ok(n);
+    }
+    let key = shared.sequence_key.clone();
+    let response = shared
+        .call("reading the writer's sequence", |mut kv| {
+            let key = key.clone();
+            async move { kv.get(key, None).await }
+        })
+        .await?;
+    let value = response.kvs().first().map(etcd_client::KeyValue::value);
+    let n = sequence::decode(value).ok_or_else(|| {
+        shared.io(
+            "reading the writer's sequence",
+            std::io::Error::other("the sequence key holds no number"),
+        )
+    })?;
+    *sequence = Sequence::At(n);
+    Ok(n)
+}
+
+/// One transaction of `plan` at sequence number `expected`.
+async fn attempt(shared: &Shared, plan: &Plan, expected: u64) -> Attempt {
+    let context = "committing a transaction (it may or may not have applied)";
+    let response = shared
+        .call(context, |mut kv| {
+            let txn = plan.txn(&shared.keys, &shared.sequence_key, expected);
+            async move { kv.txn(txn).await }
+        })
+        .await;
+    let response = match response {
+        Ok(response) => response,
+        Err(error) => return Attempt::Unknown(error),
+    };
+    if response.succeeded() {
+        return Attempt::Applied;
+    }
+    match failed_check(shared, plan, expected, response) {
+        Ok(()) => Attempt::Applied,
+        Err((error, Verdict::Refused)) => Attempt::Refused(error),
+        Err((error, _)) => Attempt::Lost(error),
+    }
+}
+
+/// Which check a transaction that did not apply failed, from its failure branch's reads
+/// (the leader key, the sequence, the checked keys, in that order); `Ok` if an earlier
+/// attempt of it applied.
+fn failed_check(
+    shared: &Shared,
+    plan: &Plan,
+    expected: u64,
+    response: TxnResponse,
+) -> Result<(), (StoreError, Verdict)> {
     let mut responses = response.op_responses().into_iter();
     let leader = match responses.next() {
         Some(TxnOpResponse::Get(get)) => get.kvs().first().map_or(0, |kv| kv.create_revision()),
         _ => 0,
     };
+    let found = match responses.next() {
+        Some(TxnOpResponse::Get(get)) => sequence::decode(get.kvs().first().map(|kv| kv.value())),
+        _ => None,
+    };
+    match sequence::verdict(expected, found) {
+        Verdict::AppliedBefore => return Ok(()),
+        Verdict::Lost => {
+            let error = shared.io(
+                "committing a transaction",
+                std::io::Error::other(format!(
+                    "the writer's sequence holds {found:?}, not {expected}: another process \
+                     writes under this store's writer id"
+                )),
+            );
+            return Err((error, Verdict::Lost));
+        }
+        Verdict::Refused => {}
+    }
+    let refused = |error| Err((error, Verdict::Refused));
     if let Some(token) = plan.token()
         && i64::try_from(token).ok() != Some(leader)
     {
-        return Err(StoreError::Fenced {
+        return refused(StoreError::Fenced {
             token,
             highest: u64::try_from(leader).unwrap_or(0),
         });
     }
     for (id, response) in plan.must_exist().zip(responses.by_ref()) {
         if matches!(response, TxnOpResponse::Get(get) if get.kvs().is_empty()) {
-            return Err(StoreError::UnknownProcedure(id));
+            return refused(StoreError::UnknownProcedure(id));
         }
     }
     for (key, response) in plan.must_be_absent().zip(responses) {
         if matches!(response, TxnOpResponse::Get(get) if !get.kvs().is_empty()) {
-            return Err(StoreError::MetaExists {
+            return refused(StoreError::MetaExists {
                 key: key.to_owned(),
             });
         }
     }
-    Err(shared.io(
+    refused(shared.io(
         "committing a transaction (it may or may not have applied)",
         std::io::Error::other("etcd refused the transaction's checks, yet each holds"),
     ))
+}
+
+/// Settles an attempt at `expected` whose answer was lost: advances the writer's
+/// sequence past `expected` unless the attempt did. `Some(true)`: the attempt applied;
+/// `Some(false)`: it never will; `None`: the settle's own answer was lost too.
+async fn settle(shared: &Shared, expected: u64) -> Option<bool> {
+    let key = &shared.sequence_key;
+    let response = shared
+        .call("settling a transaction whose answer was lost", |mut kv| {
+            let txn = Txn::new()
+                .when([sequence::compare(key, expected)])
+                .and_then([sequence::advance(key, expected)])
+                .or_else([TxnOp::get(key.clone(), None)]);
+            async move { kv.txn(txn).await }
+        })
+        .await
+        .ok()?;
+    if response.succeeded() {
+        return Some(false);
+    }
+    let found = response.op_responses().into_iter().next().and_then(|r| match r {
+        TxnOpResponse::Get(get) => sequence::decode(get.kvs().first().map(|kv| kv.value())),
+        _ => None,
+    });
+    (sequence::verdict(expected, found) == Verdict::AppliedBefore).then_some(true)
 }
 
 /// Every member of a group gets the group's result; errors are not `Clone`.

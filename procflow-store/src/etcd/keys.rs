@@ -5,6 +5,8 @@
 //! {prefix}/m/{key}      a metadata entry, its value as given
 //! {prefix}/leader       the executor group's leader key; its create revision is the
 //!                       fencing token
+//! {prefix}/w/{writer}   a writer's sequence (see sequence.rs): one per store instance,
+//!                       `{writer}` 16 hex digits chosen at random when it connects
 //! ```
 //!
 //! Ids are zero-padded to 20 digits (`u64::MAX` has 20) so that etcd's byte order is id
@@ -36,6 +38,11 @@ impl Keys {
 
     pub(crate) fn leader(&self) -> Vec<u8> {
         format!("{}/leader", self.prefix).into_bytes()
+    }
+
+    /// The sequence key of writer `writer` (a store instance).
+    pub(crate) fn sequence(&self, writer: u64) -> Vec<u8> {
+        format!("{}/w/{writer:016x}", self.prefix).into_bytes()
     }
 
     /// `[start, end)` of every record key.
@@ -99,6 +106,7 @@ mod tests {
         let meta = keys.meta("a");
         assert!(!(start.as_slice()..end.as_slice()).contains(&meta.as_slice()));
         assert_eq!(keys.leader(), b"/app/leader");
+        assert_eq!(keys.sequence(0xab), b"/app/w/00000000000000ab");
         let (start, end) = keys.metas_with_prefix("procflow/request/");
         let inside = keys.meta("procflow/request/0001");
         assert!((start.as_slice()..end.as_slice()).contains(&inside.as_slice()));

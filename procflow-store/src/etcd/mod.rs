@@ -38,8 +38,9 @@ mod committer;
 mod keys;
 mod plan;
 mod record;
+mod sequence;
 
-pub use cluster::{ClusterError, LocalCluster};
+pub use cluster::{ClusterError, ClusterOptions, LocalCluster};
 /// The etcd client this store is built on, for callers that share its connection
 /// ([`EtcdStore::client`]).
 pub use etcd_client;
@@ -132,6 +133,9 @@ pub(crate) struct Shared {
     page_size: usize,
     /// Named in errors: the endpoints and the prefix.
     location: PathBuf,
+    /// This store instance's sequence key ([`sequence`]): random, so that no other writer
+    /// shares it.
+    pub(crate) sequence_key: Vec<u8>,
     /// The parent of every live record this store has seen, so that a `Finish` (which
     /// rewrites the record with its parent) needs no read first.
     parents: Mutex<HashMap<ProcId, Option<ProcId>>>,
@@ -174,20 +178,23 @@ impl EtcdStore {
         };
         let keys = Keys::new(&config.prefix);
         let limits = Limits {
-            max_ops_per_batch: Some(plan::MAX_TXN_OPS - 1),
+            max_ops_per_batch: Some(plan::MAX_BATCH_OPS),
             max_value_bytes: Some(plan::max_batch_bytes(&keys)),
             max_batch_bytes: Some(plan::max_batch_bytes(&keys)),
         };
+        let sequence_key = keys.sequence(fastrand::u64(..));
         let shared = Arc::new(Shared {
             client,
+            sequence_key,
             keys,
             timeout: config.request_timeout,
             page_size: config.page_size,
             location,
             parents: Mutex::new(HashMap::new()),
         });
+        let start = shared.create_sequence().await?;
         let (queue, receiver) = mpsc::unbounded_channel();
-        let committer = tokio::spawn(committer::run(Arc::clone(&shared), receiver));
+        let committer = tokio::spawn(committer::run(Arc::clone(&shared), start, receiver));
         Ok(Self {
             shared,
             limits,
@@ -337,6 +344,15 @@ impl EtcdStore {
         if let Some(committer) = self.committer.lock().await.take() {
             let _ = committer.await;
         }
+        // Its sequence is of no more use: a late copy of a transaction finds no number.
+        let key = self.shared.sequence_key.clone();
+        let _ = self
+            .shared
+            .call("deleting the writer's sequence", |mut kv| {
+                let key = key.clone();
+                async move { kv.delete(key, None).await }
+            })
+            .await;
         Ok(())
     }
 }
@@ -392,6 +408,35 @@ impl Shared {
                     ));
                 }
             }
+        }
+    }
+
+    /// Creates this writer's sequence key ([`sequence`]) at a random number and returns
+    /// it.
+    async fn create_sequence(&self) -> Result<u64, StoreError> {
+        let context = "creating the writer's sequence";
+        let (key, start) = (self.sequence_key.clone(), sequence::start());
+        let response = self
+            .call(context, |mut kv| {
+                let txn = sequence::create(&key, start);
+                async move { kv.txn(txn).await }
+            })
+            .await?;
+        let found = response.op_responses().into_iter().next().and_then(|r| match r {
+            etcd_client::TxnOpResponse::Get(get) => {
+                sequence::decode(get.kvs().first().map(KeyValue::value))
+            }
+            _ => None,
+        });
+        // Failed: a resend found the key its own first attempt created, or (with a
+        // 64-bit random id, not in practice) another writer's key.
+        if response.succeeded() || found == Some(start) {
+            Ok(start)
+        } else {
+            Err(self.io(
+                context,
+                io::Error::other("another store instance has this writer id"),
+            ))
         }
     }
 

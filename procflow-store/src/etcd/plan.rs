@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 
 use super::keys::Keys;
+use super::sequence;
 use crate::store::ProcId;
 
 /// etcd's default `--max-txn-ops`: the most compares, success ops or failure ops of one
@@ -106,10 +107,12 @@ impl Plan {
         bytes += new_absent.keys().map(|key| check_bytes(key)).sum::<usize>();
         let checks =
             self.must_exist.len() + new_checks.len() + self.must_be_absent.len() + new_absent.len();
-        let fits = usize::from(self.token.is_some()) + checks <= MAX_TXN_OPS
-            && self.writes.len() + new_writes <= MAX_TXN_OPS
-            // The failure branch reads the leader key and each checked record.
-            && checks < MAX_TXN_OPS
+        // Every transaction also compares, advances and (failing) reads the writer's
+        // sequence key: one more compare, write and failure read.
+        let fits = usize::from(self.token.is_some()) + checks < MAX_TXN_OPS
+            && self.writes.len() + new_writes < MAX_TXN_OPS
+            // The failure branch reads the leader key, the sequence and each checked key.
+            && checks + 1 < MAX_TXN_OPS
             && fixed_bytes(keys) + bytes <= MAX_REQUEST_BYTES;
         if !fits {
             return false;
@@ -143,12 +146,14 @@ impl Plan {
         self.token
     }
 
-    /// The transaction: if the leader key is still the one of this token, every
-    /// must-exist record exists and every must-be-absent key does not, write; otherwise
-    /// read the leader key and those keys, so the caller can say which check failed.
-    pub(crate) fn txn(&self, keys: &Keys) -> Txn {
+    /// The transaction: if the leader key is still the one of this token, the writer's
+    /// sequence key (`sequence`) holds `expected`, every must-exist record exists and
+    /// every must-be-absent key does not, write and advance the sequence; otherwise read
+    /// the leader key, the sequence and those keys, so the caller can say which check
+    /// failed (see [`sequence`]).
+    pub(crate) fn txn(&self, keys: &Keys, sequence: &[u8], expected: u64) -> Txn {
         let mut compares =
-            Vec::with_capacity(1 + self.must_exist.len() + self.must_be_absent.len());
+            Vec::with_capacity(2 + self.must_exist.len() + self.must_be_absent.len());
         if let Some(token) = self.token {
             compares.push(Compare::create_revision(
                 keys.leader(),
@@ -156,7 +161,11 @@ impl Plan {
                 i64::try_from(token).unwrap_or(i64::MAX),
             ));
         }
-        let mut failure = vec![TxnOp::get(keys.leader(), None)];
+        compares.push(sequence::compare(sequence, expected));
+        let mut failure = vec![
+            TxnOp::get(keys.leader(), None),
+            TxnOp::get(sequence.to_vec(), None),
+        ];
         for key in self.must_exist.keys() {
             compares.push(Compare::version(key.clone(), CompareOp::Greater, 0));
             failure.push(TxnOp::get(
@@ -171,7 +180,7 @@ impl Plan {
                 Some(GetOptions::new().with_keys_only()),
             ));
         }
-        let success: Vec<TxnOp> = self
+        let mut success: Vec<TxnOp> = self
             .writes
             .iter()
             .map(|(key, write)| match write {
@@ -179,6 +188,7 @@ impl Plan {
                 Write::Delete => TxnOp::delete(key.clone(), None),
             })
             .collect();
+        success.push(sequence::advance(sequence, expected));
         Txn::new().when(compares).and_then(success).or_else(failure)
     }
 }
@@ -197,20 +207,26 @@ fn check_bytes(key: &[u8]) -> usize {
     2 * (key.len() + PER_KEY)
 }
 
-/// What every transaction carries: its framing, and the leader key in the fencing compare
-/// and the failure get.
+/// What every transaction carries: its framing, the leader key in the fencing compare and
+/// the failure get, and the writer's sequence key in a compare, a write and a failure get
+/// (with its 8-byte value twice).
 fn fixed_bytes(keys: &Keys) -> usize {
-    REQUEST_SLACK + check_bytes(&keys.leader())
+    let sequence = keys.sequence(0);
+    REQUEST_SLACK + check_bytes(&keys.leader()) + 3 * (sequence.len() + PER_KEY) + 16
 }
 
+/// The most ops one batch may hold: etcd's 128 per branch, less the fencing compare and
+/// the sequence's compare (each op may add a compare, a write, a failure read).
+pub(crate) const MAX_BATCH_OPS: usize = MAX_TXN_OPS - 2;
+
 /// The largest payload ([`Batch::payload_bytes`](crate::Batch::payload_bytes)) a batch of
-/// at most `MAX_TXN_OPS - 1` ops may carry so that its transaction always fits the request
+/// at most [`MAX_BATCH_OPS`] ops may carry so that its transaction always fits the request
 /// limit: every op may add a key, a compare and a failure get, and a record header.
 pub(crate) fn max_batch_bytes(keys: &Keys) -> usize {
     let longest_key = keys.record(u64::MAX).len().max(keys.meta("").len());
     // The op's write, its compare and its failure get.
     let per_op = 3 * (longest_key + PER_KEY) + super::record::MAX_HEADER;
-    MAX_REQUEST_BYTES - fixed_bytes(keys) - (MAX_TXN_OPS - 1) * per_op
+    MAX_REQUEST_BYTES - fixed_bytes(keys) - MAX_BATCH_OPS * per_op
 }
 
 #[cfg(test)]
@@ -268,14 +284,15 @@ mod tests {
         ) {
             added += 1;
         }
-        assert_eq!(added as usize, MAX_TXN_OPS);
+        // One write of the 128 advances the writer's sequence.
+        assert_eq!(added as usize, MAX_TXN_OPS - 1);
     }
 
     #[test]
     fn the_byte_limit_is_the_one_docs_format_md_gives() {
         let prefix = "/procflow/orders/abc";
         assert_eq!(prefix.len(), 20);
-        assert_eq!(max_batch_bytes(&Keys::new(prefix)), 1_548_005);
+        assert_eq!(max_batch_bytes(&Keys::new(prefix)), 1_548_011);
     }
 
     #[test]
@@ -283,9 +300,9 @@ mod tests {
         let keys = Keys::new("/a/rather/long/prefix/for/the/store");
         let budget = max_batch_bytes(&keys);
         let mut batch = prepared(&[], &[]);
-        for id in 0..(MAX_TXN_OPS as u64 - 1) {
+        for id in 0..MAX_BATCH_OPS as u64 {
             // A `Finish` of a record written elsewhere: a write, a compare, a failure get.
-            let value = vec![0; budget / (MAX_TXN_OPS - 1) + super::super::record::MAX_HEADER];
+            let value = vec![0; budget / MAX_BATCH_OPS + super::super::record::MAX_HEADER];
             batch.writes.push((keys.record(id), Write::Put(value)));
             batch.must_exist.push((id, keys.record(id)));
         }
