@@ -3,6 +3,8 @@
 //! contract that MemStore and WalStore pass, etcd's limits, group commit and paged loads.
 
 mod common;
+#[path = "common/proxy.rs"]
+mod proxy;
 
 use std::sync::Arc;
 
@@ -10,6 +12,7 @@ use common::contract::Subject;
 use procflow_store::etcd::etcd_client::Client;
 use procflow_store::etcd::{EtcdConfig, EtcdStore, LocalCluster};
 use procflow_store::{Batch, Loaded, Store, StoreError};
+use proxy::Proxy;
 
 fn cluster() -> LocalCluster {
     LocalCluster::start(3).unwrap_or_else(|e| panic!("{e}"))
@@ -268,4 +271,118 @@ async fn a_cluster_without_quorum_is_an_unknown_outcome_then_recovers() {
         .map(|r| r.id)
         .collect();
     assert!(ids == [1, 3] || ids == [1, 2, 3], "{ids:?}");
+}
+
+/// A store whose only endpoint is a proxy to member 0, with a short request timeout so
+/// that a broken link is noticed quickly.
+async fn store_behind_proxy(cluster: &LocalCluster) -> (EtcdStore, Proxy, String) {
+    let proxy = Proxy::start(cluster.endpoint(0).parse().unwrap()).await;
+    let prefix = format!("/proxied/{}", fastrand_suffix());
+    let config = EtcdConfig::new([proxy.endpoint()], prefix.clone())
+        .request_timeout(std::time::Duration::from_secs(2));
+    (EtcdStore::connect(config).await.unwrap(), proxy, prefix)
+}
+
+fn fastrand_suffix() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// The record's stored value and etcd's count of writes to its key.
+async fn record_and_version(cluster: &LocalCluster, prefix: &str, id: u64) -> (Vec<u8>, i64) {
+    let mut client = Client::connect(cluster.endpoints(), None).await.unwrap();
+    let response = client
+        .get(format!("{prefix}/p/{id:020}"), None)
+        .await
+        .unwrap();
+    let kv = &response.kvs()[0];
+    (kv.value().to_vec(), kv.version())
+}
+
+/// Issue 31: a transaction held in a slow link, resent, followed by later transactions
+/// of the same writer, then delivered: the late copy fails its compare and the record
+/// keeps its newest value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_copy_of_a_transaction_is_refused_and_the_record_keeps_its_newest_value() {
+    let cluster = cluster();
+    let (store, proxy, prefix) = store_behind_proxy(&cluster).await;
+    let store = Arc::new(store);
+    store
+        .commit(Batch::new().put(1, None, b"v1".to_vec()))
+        .await
+        .unwrap();
+
+    // v2's first attempt is held in the link; the link breaks; the store resends.
+    proxy.hold();
+    let committing = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move {
+            store
+                .commit(Batch::new().put(1, None, b"v2".to_vec()))
+                .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    proxy.cut();
+    committing
+        .await
+        .unwrap()
+        .expect("the resend (or the settled retry) applies v2");
+    store
+        .commit(Batch::new().put(1, None, b"v3".to_vec()))
+        .await
+        .unwrap();
+    let (value, version) = record_and_version(&cluster, &prefix, 1).await;
+    assert!(value.ends_with(b"v3"));
+
+    // Now the first attempt of v2 arrives.
+    let delivered = proxy.release().await;
+    assert!(delivered > 0, "the held attempt carried the transaction");
+    let (late_value, late_version) = record_and_version(&cluster, &prefix, 1).await;
+    assert_eq!(
+        (late_version, late_value.ends_with(b"v3")),
+        (version, true),
+        "the late copy of v2 applied over v3"
+    );
+    assert_eq!(store.get(1).await.unwrap().unwrap().value, b"v3".as_slice());
+}
+
+/// Issue 31: a transaction that applied but whose answer was lost is resent; the resend
+/// is recognised as applied (a definite `Ok`, not an unknown outcome) and writes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_whose_first_attempt_applied_is_recognised_as_applied() {
+    let cluster = cluster();
+    let (store, proxy, prefix) = store_behind_proxy(&cluster).await;
+    let store = Arc::new(store);
+    store
+        .commit(Batch::new().put(9, None, b"other".to_vec()))
+        .await
+        .unwrap();
+
+    proxy.lose_answers();
+    let committing = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move {
+            store
+                .commit(Batch::new().put(1, None, b"once".to_vec()))
+                .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    proxy.cut();
+    committing
+        .await
+        .unwrap()
+        .expect("an applied transaction whose answer was lost is reported applied");
+    let (value, version) = record_and_version(&cluster, &prefix, 1).await;
+    assert!(value.ends_with(b"once"));
+    assert_eq!(version, 1, "the record was written once");
+    // The writer goes on at the right number.
+    store
+        .commit(Batch::new().put(1, None, b"twice".to_vec()))
+        .await
+        .unwrap();
+    assert_eq!(record_and_version(&cluster, &prefix, 1).await.1, 2);
 }

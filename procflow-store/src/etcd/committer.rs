@@ -62,12 +62,7 @@ pub(crate) async fn run(
 
 /// Commits `group` as `plan`, one transaction; if a check fails for a group of several,
 /// commits each on its own to find out whose it was.
-async fn commit_group(
-    shared: &Shared,
-    sequence: &mut Sequence,
-    plan: &Plan,
-    group: Vec<Pending>,
-) {
+async fn commit_group(shared: &Shared, sequence: &mut Sequence, plan: &Plan, group: Vec<Pending>) {
     let result = commit_once(shared, sequence, plan).await;
     let refused_check = matches!(
         result,
@@ -276,10 +271,14 @@ async fn settle(shared: &Shared, expected: u64) -> Option<bool> {
     if response.succeeded() {
         return Some(false);
     }
-    let found = response.op_responses().into_iter().next().and_then(|r| match r {
-        TxnOpResponse::Get(get) => sequence::decode(get.kvs().first().map(|kv| kv.value())),
-        _ => None,
-    });
+    let found = response
+        .op_responses()
+        .into_iter()
+        .next()
+        .and_then(|r| match r {
+            TxnOpResponse::Get(get) => sequence::decode(get.kvs().first().map(|kv| kv.value())),
+            _ => None,
+        });
     (sequence::verdict(expected, found) == Verdict::AppliedBefore).then_some(true)
 }
 

@@ -360,9 +360,9 @@ impl EtcdStore {
 impl Shared {
     /// Runs one request on the key-value client with the store's deadline. A request
     /// that fails on the connection (a member died, the channel routed to it) is sent
-    /// again until the deadline (once more past it: see below): every request the store
-    /// makes may run twice, because a
-    /// transaction is fenced by its token and rewrites the same values.
+    /// again until the deadline (once more past it: see below). Every request the store
+    /// makes may therefore reach etcd twice: reads are harmless, and a transaction applies
+    /// at most once, at its writer's sequence number ([`sequence`]).
     pub(crate) async fn call<T, F, Fut>(
         &self,
         context: &'static str,
@@ -422,12 +422,16 @@ impl Shared {
                 async move { kv.txn(txn).await }
             })
             .await?;
-        let found = response.op_responses().into_iter().next().and_then(|r| match r {
-            etcd_client::TxnOpResponse::Get(get) => {
-                sequence::decode(get.kvs().first().map(KeyValue::value))
-            }
-            _ => None,
-        });
+        let found = response
+            .op_responses()
+            .into_iter()
+            .next()
+            .and_then(|r| match r {
+                etcd_client::TxnOpResponse::Get(get) => {
+                    sequence::decode(get.kvs().first().map(KeyValue::value))
+                }
+                _ => None,
+            });
         // Failed: a resend found the key its own first attempt created, or (with a
         // 64-bit random id, not in practice) another writer's key.
         if response.succeeded() || found == Some(start) {
