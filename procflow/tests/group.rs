@@ -230,6 +230,10 @@ async fn terms_of_a_local_election_only_grow_and_resigning_twice_is_harmless() {
 /// The same group on a real 3-member etcd cluster: each member has its own connection, as
 /// separate processes would, and the election and the fencing are etcd's.
 #[cfg(feature = "etcd")]
+#[path = "../../procflow-store/tests/common/proxy.rs"]
+mod proxy;
+
+#[cfg(feature = "etcd")]
 mod on_etcd {
     use super::*;
     use procflow::group::EtcdElection;
@@ -237,7 +241,160 @@ mod on_etcd {
     use procflow_store::etcd::{EtcdConfig, EtcdStore, LocalCluster};
     use procflow_store::{Batch, StoreError};
 
+    use super::proxy::Proxy;
+    use procflow_store::etcd::etcd_client::{EventType, WatchOptions};
+    use std::time::Instant;
+
     const TTL: Duration = Duration::from_secs(2);
+
+    /// Every change of the leader key from now on, with when it was seen: (time, is a
+    /// delete, the key's value, the change's revision).
+    type Changes = Arc<Mutex<Vec<(Instant, bool, String, i64)>>>;
+
+    async fn watch_leader_key(config: &EtcdConfig) -> Changes {
+        let mut client = client(config).await;
+        let now = client
+            .get("/", None)
+            .await
+            .unwrap()
+            .header()
+            .unwrap()
+            .revision();
+        let options = WatchOptions::new().with_start_revision(now + 1);
+        let mut stream = client
+            .watch(config.leader_key(), Some(options))
+            .await
+            .unwrap();
+        let changes: Changes = Arc::default();
+        let seen = Arc::clone(&changes);
+        tokio::spawn(async move {
+            let _client = client;
+            while let Ok(Some(response)) = stream.message().await {
+                for event in response.events() {
+                    let kv = event.kv().unwrap();
+                    seen.lock().unwrap().push((
+                        Instant::now(),
+                        event.event_type() == EventType::Delete,
+                        String::from_utf8_lossy(kv.value()).into_owned(),
+                        kv.mod_revision(),
+                    ));
+                }
+            }
+        });
+        changes
+    }
+
+    /// Issue 31: the term's clock starts at the lease grant. A candidate whose link is so
+    /// slow that its campaign wins after two thirds of the TTL (its lease may expire
+    /// before a keep-alive can renew it) gives the term up instead of leading on it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_etcd_a_campaign_won_too_late_is_given_up_not_led_on() {
+        let cluster = LocalCluster::start(3).unwrap_or_else(|e| panic!("{e}"));
+        let config = EtcdConfig::new(cluster.endpoints(), "/group/slow-campaign");
+        let proxy = Proxy::start(cluster.endpoint(0).parse().unwrap()).await;
+        let slow = Client::connect([proxy.endpoint()], None).await.unwrap();
+        let changes = watch_leader_key(&config).await;
+        let election = Arc::new(EtcdElection::new(slow, &config, "slow:1", TTL));
+
+        // Each way takes 0.6 s: a grant and a campaign take 2.4 s, past the 1.33 s that
+        // are safe on a 2 s lease.
+        proxy.delay(Duration::from_millis(600));
+        let campaign = {
+            let election = Arc::clone(&election);
+            tokio::spawn(async move { election.campaign().await })
+        };
+        tokio::time::sleep(Duration::from_secs(8)).await;
+        let won_in_etcd = changes
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, delete, value, _)| !delete && value == "slow:1");
+        assert!(
+            won_in_etcd,
+            "the slow campaign never created the leader key"
+        );
+        if campaign.is_finished() {
+            let term = campaign.await.unwrap().unwrap();
+            panic!(
+                "a campaign that won after the lease's safe window led on term {}",
+                term.token
+            );
+        }
+
+        // With the link healed it wins, and keeps its term.
+        proxy.heal();
+        let term = tokio::time::timeout(Duration::from_secs(10), campaign)
+            .await
+            .expect("the healed candidate wins")
+            .unwrap()
+            .unwrap();
+        let lost = tokio::time::timeout(3 * TTL, election.lost(term)).await;
+        assert!(lost.is_err(), "a healthy term ended: {}", lost.unwrap());
+        election.resign(term).await.unwrap();
+    }
+
+    /// Issue 31: a leader that loses its term while its lease may still be alive (its
+    /// keep-alive answers are lost) resigns it, so the leader key goes at once rather than
+    /// when the lease runs out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_etcd_a_lost_term_is_resigned_so_a_standby_wins_without_waiting_for_the_lease() {
+        const TTL: Duration = Duration::from_secs(3);
+        let cluster = LocalCluster::start(3).unwrap_or_else(|e| panic!("{e}"));
+        let config = EtcdConfig::new(cluster.endpoints(), "/group/lost-term");
+        let proxy = Proxy::start(cluster.endpoint(0).parse().unwrap()).await;
+        let (env_a, env_b) = (Env::new(true), Env::new(true));
+        let a = {
+            let store: Arc<dyn Store> = Arc::new(EtcdStore::connect(config.clone()).await.unwrap());
+            let slow = Client::connect([proxy.endpoint()], None).await.unwrap();
+            let election = EtcdElection::new(slow, &config, "a:1", TTL);
+            ExecutorGroup::join(Arc::new(election), "a:1", move || {
+                Executor::builder_shared(Arc::clone(&store), Arc::clone(&env_a))
+                    .register::<MoveState>()
+            })
+        };
+        let leader = a.leading().await;
+        let b = {
+            let store: Arc<dyn Store> = Arc::new(EtcdStore::connect(config.clone()).await.unwrap());
+            let client = EtcdStore::connect(config.clone()).await.unwrap().client();
+            let election = EtcdElection::new(client, &config, "b:1", TTL);
+            ExecutorGroup::join(Arc::new(election), "b:1", move || {
+                Executor::builder_shared(Arc::clone(&store), Arc::clone(&env_b))
+                    .register::<MoveState>()
+            })
+        };
+        let changes = watch_leader_key(&config).await;
+        tokio::time::sleep(TTL).await;
+
+        // A's requests still reach etcd; their answers do not come back.
+        proxy.lose_answers();
+        let mut lost_at = None;
+        eventually("the leader to lose its term", || {
+            lost_at = leader.halted().is_some().then(Instant::now);
+            lost_at.is_some()
+        })
+        .await;
+        let lost_at = lost_at.unwrap();
+        b.leading().bounded().await;
+        let deleted_at = changes
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|(_, delete, _, _)| *delete)
+            .map(|(at, ..)| *at)
+            .expect("the leader key was deleted");
+        let after = deleted_at.saturating_duration_since(lost_at);
+        println!("the leader key went {after:?} after the term was lost (lease TTL {TTL:?})");
+        // Left to expire, the lease would live on for two thirds of the TTL (2 s): it was
+        // renewed by the last keep-alive, sent a third of the TTL before the term ended.
+        assert!(
+            after < Duration::from_millis(700),
+            "the key went {after:?} after the term was lost: the lease ran out, nobody resigned"
+        );
+        proxy.heal();
+        for member in [&a, &b] {
+            member.shutdown().bounded().await.unwrap();
+        }
+    }
 
     async fn etcd_member(config: &EtcdConfig, address: &str, env: &Arc<Env>) -> ExecutorGroup<Env> {
         let store: Arc<dyn Store> = Arc::new(EtcdStore::connect(config.clone()).await.unwrap());

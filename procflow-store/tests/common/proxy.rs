@@ -10,12 +10,12 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 /// A running proxy; it stops when dropped.
 pub struct Proxy {
@@ -194,16 +194,27 @@ async fn accept(listener: TcpListener, upstream: SocketAddr, shared: Arc<Shared>
 /// Client → server: sent, held, or swallowed.
 async fn to_server(mut client: OwnedReadHalf, conn: Arc<Conn>, shared: Arc<Shared>) {
     let mut cut = conn.cut.subscribe();
+    let (send, mut sending) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let writer = {
+        let conn = Arc::clone(&conn);
+        tokio::spawn(async move {
+            while let Some((at, bytes)) = sending.recv().await {
+                tokio::time::sleep_until(at.into()).await;
+                if conn.upstream.lock().await.write_all(&bytes).await.is_err() {
+                    return;
+                }
+            }
+        })
+    };
     let mut buf = vec![0; 64 * 1024];
     loop {
         let n = tokio::select! {
-            _ = cut.wait_for(|cut| *cut) => return,
+            _ = cut.wait_for(|cut| *cut) => break,
             read = client.read(&mut buf) => match read {
-                Ok(0) | Err(_) => return,
+                Ok(0) | Err(_) => break,
                 Ok(n) => n,
             },
         };
-        pause(&shared).await;
         if shared.black_hole.load(Ordering::SeqCst) {
             continue;
         }
@@ -211,17 +222,11 @@ async fn to_server(mut client: OwnedReadHalf, conn: Arc<Conn>, shared: Arc<Share
             held.extend_from_slice(&buf[..n]);
             continue;
         }
-        if conn
-            .upstream
-            .lock()
-            .await
-            .write_all(&buf[..n])
-            .await
-            .is_err()
-        {
-            return;
-        }
+        let _ = send.send((shared.due(), buf[..n].to_vec()));
     }
+    // What is on its way still arrives (a late delivery is the point of holding).
+    drop(send);
+    let _ = writer.await;
 }
 
 /// Server → client: sent or dropped. Keeps reading (and counting) after the client's
@@ -232,36 +237,40 @@ async fn to_client(
     conn: Arc<Conn>,
     shared: Arc<Shared>,
 ) {
+    let (send, mut sending) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
     let mut cut = conn.cut.subscribe();
-    let mut client = Some(client);
+    tokio::spawn(async move {
+        let mut client = client;
+        loop {
+            let next = tokio::select! {
+                _ = cut.wait_for(|cut| *cut) => None,
+                next = sending.recv() => next,
+            };
+            let Some((at, bytes)) = next else { return };
+            tokio::time::sleep_until(at.into()).await;
+            if *cut.borrow() || client.write_all(&bytes).await.is_err() {
+                return;
+            }
+        }
+    });
     let mut buf = vec![0; 64 * 1024];
     loop {
-        let n = tokio::select! {
-            _ = cut.wait_for(|cut| *cut), if client.is_some() => {
-                client = None;
-                continue;
-            }
-            read = server.read(&mut buf) => match read {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            },
+        let n = match server.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
         };
         conn.from_server.fetch_add(n, Ordering::SeqCst);
-        pause(&shared).await;
         if shared.black_hole.load(Ordering::SeqCst) || conn.deaf.load(Ordering::SeqCst) {
             continue;
         }
-        if let Some(writer) = client.as_mut()
-            && writer.write_all(&buf[..n]).await.is_err()
-        {
-            client = None;
-        }
+        let _ = send.send((shared.due(), buf[..n].to_vec()));
     }
 }
 
-async fn pause(shared: &Shared) {
-    let ms = shared.delay_ms.load(Ordering::SeqCst);
-    if ms > 0 {
-        tokio::time::sleep(Duration::from_millis(ms)).await;
+impl Shared {
+    /// When bytes read now are passed on: a fixed latency, so that chunks keep their
+    /// order and do not add up their delays.
+    fn due(&self) -> Instant {
+        Instant::now() + Duration::from_millis(self.delay_ms.load(Ordering::SeqCst))
     }
 }

@@ -7,9 +7,11 @@
 //!
 //! A leader keeps its lease alive every third of the TTL and ends its term (makes
 //! [`lost`](Election::lost) resolve) when two thirds of the TTL have passed since the
-//! send of its last acknowledged keep-alive: the lease, renewed no earlier than that
-//! send, cannot have expired yet. It also ends the term when the key is deleted or
-//! replaced. Standbys watch the key and campaign again when it goes.
+//! send of its last acknowledged keep-alive (before the first one, since the lease grant
+//! was sent, so a slow campaign counts against the term): the lease, granted or renewed
+//! no earlier than that send, cannot have expired yet. A campaign won after that point is
+//! resigned at once. It also ends the term when the key is deleted or replaced. Standbys
+//! watch the key and campaign again when it goes.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -33,7 +35,8 @@ use super::election::{Election, ElectionError, Term};
 /// create revision is the term's fencing token, the number `EtcdStore` compares in every
 /// fenced transaction. A leader keeps its lease alive every third of the TTL and ends its
 /// term when two thirds of the TTL have passed since the send of its last acknowledged
-/// keep-alive (the lease cannot have expired yet), or when the key is deleted or replaced.
+/// keep-alive, or of the lease grant before the first (the lease cannot have expired
+/// yet), or when the key is deleted or replaced.
 /// Standbys watch the key and campaign again when it goes.
 ///
 /// # Examples
@@ -138,10 +141,14 @@ impl EtcdElection {
     async fn try_once(&self) -> Result<Option<Term>, ElectionError> {
         let mut client = self.client.clone();
         let ttl = i64::try_from(self.ttl.as_secs()).unwrap_or(i64::MAX);
-        let lease = self
+        // The lease's clock may start as soon as the grant is sent: so does the term's.
+        let granted_from = Instant::now();
+        let grant = self
             .call("granting a lease", client.lease_grant(ttl, None))
-            .await?
-            .id();
+            .await?;
+        let lease = grant.id();
+        let granted = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(0)).min(self.ttl);
+        let safe_until = granted_from + granted * 2 / 3;
         let txn = Txn::new()
             .when([Compare::create_revision(
                 self.key.clone(),
@@ -165,7 +172,16 @@ impl EtcdElection {
         if response.succeeded() {
             let token = u64::try_from(revision)
                 .map_err(|_| ElectionError::new("etcd: negative revision"))?;
-            self.hold(token, lease);
+            if Instant::now() >= safe_until {
+                // A campaign this slow won a term whose lease may expire before a
+                // keep-alive can renew it: give it up rather than act on it.
+                tracing::warn!(token, "won a term too late to hold it safely; resigning");
+                let _ = self
+                    .call("revoking a lease", client.lease_revoke(lease))
+                    .await;
+                return Ok(None);
+            }
+            self.hold(token, lease, granted, safe_until);
             return Ok(Some(Term { token }));
         }
         // Someone leads: give the lease back, and wait for their key to go.
@@ -215,15 +231,20 @@ impl EtcdElection {
         }
     }
 
-    /// Starts keeping the term's lease alive.
-    fn hold(&self, token: u64, lease: i64) {
+    /// Starts keeping the term's lease (of `ttl`) alive; until a keep-alive is
+    /// acknowledged the term is safe until `safe_until`, two thirds of the TTL after the
+    /// grant was sent.
+    fn hold(&self, token: u64, lease: i64, ttl: Duration, safe_until: Instant) {
         let (lost_tx, lost) = watch::channel(None);
         let keeper = tokio::spawn(keep(
             self.client.clone(),
             self.key.clone(),
+            Lease {
+                id: lease,
+                ttl,
+                safe_until,
+            },
             token,
-            lease,
-            self.ttl,
             lost_tx,
         ));
         self.terms().insert(
@@ -237,28 +258,41 @@ impl EtcdElection {
     }
 }
 
+/// A term's lease, as its keeper sees it.
+struct Lease {
+    id: i64,
+    ttl: Duration,
+    /// Until when the lease cannot have expired, as far as this process knows.
+    safe_until: Instant,
+}
+
 /// Keeps `lease` alive until the term is lost; then says so on `lost`.
 async fn keep(
     client: Client,
     key: String,
+    lease: Lease,
     token: u64,
-    lease: i64,
-    ttl: Duration,
     lost: watch::Sender<Option<String>>,
 ) {
+    let id = lease.id;
     let reason = tokio::select! {
-        reason = renew(client.clone(), lease, ttl) => reason,
+        reason = renew(client.clone(), lease) => reason,
         reason = key_gone(client, key, token) => reason,
     };
-    tracing::warn!(token, lease, %reason, "leadership term over");
+    tracing::warn!(token, lease = id, %reason, "leadership term over");
     lost.send_replace(Some(reason));
 }
 
-/// Renews every third of `ttl`; returns when two thirds of it passed since the send of
-/// the last acknowledged renewal. A broken keep-alive stream (the etcd member it ran on
-/// died) is opened again, on whichever member answers, while there is time.
-async fn renew(mut client: Client, lease: i64, ttl: Duration) -> String {
-    let mut safe_until = Instant::now() + ttl * 2 / 3;
+/// Renews every third of the TTL; returns when two thirds of it passed since the send of
+/// the last acknowledged renewal (or of the grant, before the first). A broken
+/// keep-alive stream (the etcd member it ran on died) is opened again, on whichever
+/// member answers, while there is time.
+async fn renew(mut client: Client, lease: Lease) -> String {
+    let Lease {
+        id: lease,
+        ttl,
+        mut safe_until,
+    } = lease;
     let too_late = "no keep-alive acknowledged in time: stepping down before the lease can expire";
     loop {
         let budget = safe_until.saturating_duration_since(Instant::now());

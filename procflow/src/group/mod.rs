@@ -297,6 +297,10 @@ impl<E: Send + Sync + 'static> Member<E> {
                 tracing::warn!(token = term.token, %reason, "leadership lost: stopping the executor");
                 executor.halt(ExecutorError::LeadershipLost(Arc::new(reason)));
                 self.stopped(&executor);
+                // The lease may still be alive (a lost keep-alive answer, a watch that
+                // saw the key change): revoking it lets a standby win now rather than
+                // when the lease runs out, up to a TTL later.
+                self.resign(term).await;
                 Lead::Lost
             }
             () = executor.stopped() => {
