@@ -333,6 +333,72 @@ mod on_etcd {
         election.resign(term).await.unwrap();
     }
 
+    /// Issue 31: the links serving the standby's watch go silent without breaking (the
+    /// proxies swallow every byte of its open connections), and the leader dies (its own
+    /// link swallows everything). The standby's watch would never fire; it notices the
+    /// silence, reconnects, and takes over within 2 × TTL + 1 s.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_etcd_a_standby_whose_watch_went_silent_still_takes_over_in_time() {
+        let cluster = LocalCluster::start(3).unwrap_or_else(|e| panic!("{e}"));
+        let config = EtcdConfig::new(cluster.endpoints(), "/group/silent-watch");
+        let (env_a, env_b) = (Env::new(true), Env::new(true));
+        let to_a = Proxy::start(cluster.endpoint(0).parse().unwrap()).await;
+        let a = {
+            let store: Arc<dyn Store> = Arc::new(EtcdStore::connect(config.clone()).await.unwrap());
+            let via = EtcdConfig::new([to_a.endpoint()], "/group/silent-watch");
+            let client = EtcdStore::connect(via.clone()).await.unwrap().client();
+            let election = EtcdElection::new(client, &via, "a:1", TTL);
+            ExecutorGroup::join(Arc::new(election), "a:1", move || {
+                Executor::builder_shared(Arc::clone(&store), Arc::clone(&env_a))
+                    .register::<MoveState>()
+            })
+        };
+        a.leading().bounded().await;
+        let mut to_b = Vec::new();
+        for member in 0..3 {
+            to_b.push(Proxy::start(cluster.endpoint(member).parse().unwrap()).await);
+        }
+        let b = {
+            let store: Arc<dyn Store> = Arc::new(EtcdStore::connect(config.clone()).await.unwrap());
+            // A patient client: its connections' own pings would notice the silence only
+            // after 10 s.
+            let via = EtcdConfig::new(to_b.iter().map(Proxy::endpoint), "/group/silent-watch")
+                .request_timeout(Duration::from_secs(10));
+            let client = EtcdStore::connect(via.clone()).await.unwrap().client();
+            let election = EtcdElection::new(client, &via, "b:1", TTL);
+            ExecutorGroup::join(Arc::new(election), "b:1", move || {
+                Executor::builder_shared(Arc::clone(&store), Arc::clone(&env_b))
+                    .register::<MoveState>()
+            })
+        };
+        // B campaigns, loses, and watches the leader key.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(b.term().is_none());
+
+        let killed = Instant::now();
+        to_a.black_hole();
+        for proxy in &to_b {
+            proxy.black_hole_open();
+        }
+        tokio::time::timeout(Duration::from_secs(20), b.leading())
+            .await
+            .expect("the standby took over");
+        let takeover = killed.elapsed();
+        println!(
+            "takeover: {:.2} s (lease ttl {} s)",
+            takeover.as_secs_f64(),
+            TTL.as_secs()
+        );
+        assert!(
+            takeover <= 2 * TTL + Duration::from_secs(1),
+            "the standby took over {takeover:?} after the leader died (lease TTL {TTL:?})"
+        );
+        to_a.heal();
+        for member in [&a, &b] {
+            member.shutdown().bounded().await.unwrap();
+        }
+    }
+
     /// Issue 31: a leader that loses its term while its lease may still be alive (its
     /// keep-alive answers are lost) resigns it, so the leader key goes at once rather than
     /// when the lease runs out.

@@ -154,7 +154,11 @@ impl EtcdStore {
             config.endpoints.join(","),
             config.prefix
         ));
+        // A member cut off from the cluster's quorum refuses requests and cancels watches
+        // (etcd's require-leader) rather than serving stale reads or a watch that never
+        // fires: callers retry, on another member.
         let options = ConnectOptions::new()
+            .with_require_leader(true)
             .with_connect_timeout(config.request_timeout)
             .with_timeout(config.request_timeout)
             .with_keep_alive(Duration::from_secs(1), config.request_timeout);

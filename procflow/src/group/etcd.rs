@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 use procflow_store::BoxFuture;
 use procflow_store::etcd::EtcdConfig;
 use procflow_store::etcd::etcd_client::{
-    Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, PutOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -73,7 +74,9 @@ use super::election::{Election, ElectionError, Term};
 /// # }).unwrap();
 /// ```
 pub struct EtcdElection {
-    client: Client,
+    /// Replaced by a fresh connection when a watch stalls ([`Self::reconnect`]).
+    client: Mutex<Client>,
+    endpoints: Vec<String>,
     key: String,
     address: String,
     ttl: Duration,
@@ -102,7 +105,8 @@ impl EtcdElection {
         ttl: Duration,
     ) -> Self {
         Self {
-            client,
+            client: Mutex::new(client),
+            endpoints: config.endpoints().to_vec(),
             key: config.leader_key(),
             address: address.into(),
             ttl: Duration::from_secs(ttl.as_secs_f64().ceil().max(2.0) as u64),
@@ -115,6 +119,31 @@ impl EtcdElection {
     #[must_use]
     pub fn ttl(&self) -> Duration {
         self.ttl
+    }
+
+    /// The client requests go through now (cheap to clone: it shares the connection).
+    fn client(&self) -> Client {
+        self.client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Opens new connections to the endpoints, for the requests that follow: a watch
+    /// that stalled may have been served by a member that is cut off, or over a link
+    /// that went silent without breaking, and the old connections may still be routed to
+    /// it. The new client requires a leader (a member without one refuses at once) and
+    /// pings its connections. If no endpoint answers, the old client stays.
+    async fn reconnect(&self) {
+        let options = ConnectOptions::new()
+            .with_require_leader(true)
+            .with_connect_timeout(self.request_timeout)
+            .with_timeout(self.request_timeout)
+            .with_keep_alive(Duration::from_secs(1), self.request_timeout);
+        let connect = Client::connect(self.endpoints.clone(), Some(options));
+        if let Ok(Ok(client)) = tokio::time::timeout(self.request_timeout, connect).await {
+            *self.client.lock().unwrap_or_else(|e| e.into_inner()) = client;
+        }
     }
 
     fn terms(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Held>> {
@@ -139,7 +168,7 @@ impl EtcdElection {
     /// One attempt: `Ok(Some(term))` if this candidate now leads, `Ok(None)` after the
     /// current leader's key went away (try again).
     async fn try_once(&self) -> Result<Option<Term>, ElectionError> {
-        let mut client = self.client.clone();
+        let mut client = self.client();
         let ttl = i64::try_from(self.ttl.as_secs()).unwrap_or(i64::MAX);
         // The lease's clock may start as soon as the grant is sent: so does the term's.
         let granted_from = Instant::now();
@@ -199,8 +228,16 @@ impl EtcdElection {
     }
 
     /// Waits until the leader key is deleted after `revision`.
+    ///
+    /// A watch can stall without breaking: the member serving it is cut off from the
+    /// rest of the cluster (require-leader makes etcd cancel such a watch, after a few
+    /// election timeouts), or the link to it went silent. So when the watch has said
+    /// nothing for a quarter of the TTL it asks for a progress report, and if nothing
+    /// comes for another quarter it gives up: the election reconnects and the campaign
+    /// is tried again. A dead leader's key is thus noticed about half a TTL after it
+    /// goes, even through a stalled watch.
     async fn deleted_after(&self, revision: i64) -> Result<(), ElectionError> {
-        let mut client = self.client.clone();
+        let mut client = self.client();
         let options = WatchOptions::new().with_start_revision(revision + 1);
         let mut stream = self
             .call(
@@ -208,8 +245,28 @@ impl EtcdElection {
                 client.watch(self.key.clone(), Some(options)),
             )
             .await?;
+        let quiet = self.ttl / 4;
+        let mut asked = false;
         loop {
-            match stream.message().await {
+            let message = match tokio::time::timeout(quiet, stream.message()).await {
+                Ok(message) => message,
+                Err(_) if !asked => {
+                    asked = true;
+                    // A failed send shows as a broken stream on the next read.
+                    let _ = tokio::time::timeout(quiet, stream.request_progress()).await;
+                    continue;
+                }
+                Err(_) => {
+                    self.reconnect().await;
+                    return Err(ElectionError::new(format!(
+                        "etcd: watching the leader key: no progress report within {:?}; \
+                         reconnected",
+                        quiet * 2
+                    )));
+                }
+            };
+            asked = false;
+            match message {
                 Ok(Some(response)) => {
                     if response.canceled()
                         || response
@@ -237,7 +294,7 @@ impl EtcdElection {
     fn hold(&self, token: u64, lease: i64, ttl: Duration, safe_until: Instant) {
         let (lost_tx, lost) = watch::channel(None);
         let keeper = tokio::spawn(keep(
-            self.client.clone(),
+            self.client(),
             self.key.clone(),
             Lease {
                 id: lease,
@@ -383,7 +440,7 @@ impl Election for EtcdElection {
         Box::pin(async move {
             let Some(held) = held else { return Ok(()) };
             held.keeper.abort();
-            let mut client = self.client.clone();
+            let mut client = self.client();
             // Revoking the lease deletes the key: a standby wins at once.
             self.call(
                 "revoking the leader's lease",
@@ -396,7 +453,7 @@ impl Election for EtcdElection {
 
     fn leader(&self) -> BoxFuture<'_, Result<Option<String>, ElectionError>> {
         Box::pin(async move {
-            let mut client = self.client.clone();
+            let mut client = self.client();
             let response = self
                 .call("reading the leader key", client.get(self.key.clone(), None))
                 .await?;
