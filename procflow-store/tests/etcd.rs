@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::contract::Subject;
 use procflow_store::etcd::etcd_client::Client;
-use procflow_store::etcd::{EtcdConfig, EtcdStore, LocalCluster};
+use procflow_store::etcd::{ClusterOptions, Compaction, EtcdConfig, EtcdStore, LocalCluster};
 use procflow_store::{Batch, Loaded, Store, StoreError};
 use proxy::Proxy;
 
@@ -385,4 +385,142 @@ async fn a_resend_whose_first_attempt_applied_is_recognised_as_applied() {
         .await
         .unwrap();
     assert_eq!(record_and_version(&cluster, &prefix, 1).await.1, 2);
+}
+
+const QUOTA: u64 = 16 << 20;
+
+/// 32 writers each put a 4 KiB record 512 times: 64 MiB of values, four times the quota.
+async fn write_four_quotas(store: Arc<EtcdStore>) -> Result<(), StoreError> {
+    let mut tasks = Vec::new();
+    for writer in 0..32u64 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            for step in 0..512u64 {
+                let mut value = vec![u8::try_from(step % 251).unwrap(); 4096];
+                value[..8].copy_from_slice(&step.to_le_bytes());
+                store.commit(Batch::new().put(writer, None, value)).await?;
+            }
+            Ok::<_, StoreError>(())
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap()?;
+    }
+    Ok(())
+}
+
+/// Issue 31: etcd with a 16 MiB quota takes 64 MiB of steps when the store compacts its
+/// history; every record ends at its last step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_keeps_a_small_quota_from_filling_with_history() {
+    let cluster = LocalCluster::start_with(3, ClusterOptions::new().quota_bytes(QUOTA))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let compaction = Compaction::new(
+        std::time::Duration::from_millis(200),
+        std::time::Duration::ZERO,
+    );
+    let (store, _) = store(&cluster, |c| c.compaction(compaction)).await;
+    let store = Arc::new(store);
+    write_four_quotas(Arc::clone(&store))
+        .await
+        .expect("no write refused: the history was compacted");
+    let loaded = store.load().await.unwrap();
+    assert_eq!(loaded.records.len(), 32);
+    assert!(
+        loaded
+            .records
+            .iter()
+            .all(|r| r.value[..8] == 511u64.to_le_bytes())
+    );
+    let mut client = store.client();
+    let status = client.status().await.unwrap();
+    println!(
+        "etcd's database: {} KiB of a {} KiB quota",
+        status.db_size() >> 10,
+        QUOTA >> 10
+    );
+}
+
+/// The same workload without compaction fills the quota: etcd refuses writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_compaction_the_same_workload_exceeds_the_quota() {
+    let cluster = LocalCluster::start_with(3, ClusterOptions::new().quota_bytes(QUOTA))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (store, _) = store(&cluster, |c| c.compaction(Compaction::off())).await;
+    let error = write_four_quotas(Arc::new(store))
+        .await
+        .expect_err("64 MiB of history fit in a 16 MiB quota");
+    assert!(
+        error.to_string().contains("database space exceeded"),
+        "{error}"
+    );
+}
+
+/// Puts `count` records in batches of 100.
+async fn fill(store: &EtcdStore, count: u64) {
+    for chunk in (0..count).step_by(100) {
+        let mut batch = Batch::new();
+        for id in chunk..(chunk + 100).min(count) {
+            batch = batch.put(id, None, id.to_le_bytes().to_vec());
+        }
+        store.commit(batch).await.unwrap();
+    }
+}
+
+/// Issue 31: a store compacting every 10 ms, and writing all along, never compacts the
+/// revision its own (slow, one key per page) load reads at.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_is_never_broken_by_its_own_stores_compaction() {
+    let cluster = cluster();
+    let compaction = Compaction::new(
+        std::time::Duration::from_millis(10),
+        std::time::Duration::ZERO,
+    );
+    let (store, _) = store(&cluster, |c| c.compaction(compaction).page_size(1)).await;
+    let store = Arc::new(store);
+    fill(&store, 1000).await;
+    let writing = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move {
+            for step in 0u64.. {
+                let batch = Batch::new().put(5000, None, step.to_le_bytes().to_vec());
+                store.commit(batch).await.unwrap();
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    for _ in 0..2 {
+        let loaded = store
+            .load()
+            .await
+            .expect("the load was not compacted under");
+        assert_eq!(loaded.records.len(), 1001);
+    }
+    writing.abort();
+}
+
+/// Issue 31: another process compacts the history a load reads at: the load starts
+/// again, at a newer revision, and returns a whole snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_whose_revision_another_process_compacts_starts_again() {
+    let cluster = cluster();
+    let (store, _) = store(&cluster, |c| c.compaction(Compaction::off()).page_size(1)).await;
+    fill(&store, 2000).await;
+    let store = Arc::new(store);
+    let loading = {
+        let store = Arc::clone(&store);
+        tokio::spawn(async move { store.load().await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let mut client = store.client();
+    let put = client.put("/elsewhere", "x", None).await.unwrap();
+    let revision = put.header().unwrap().revision();
+    client.compact(revision, None).await.unwrap();
+    assert!(
+        !loading.is_finished(),
+        "the load ended before the compaction"
+    );
+    let loaded = loading.await.unwrap().expect("the load started again");
+    assert_eq!(loaded.records.len(), 2000);
 }

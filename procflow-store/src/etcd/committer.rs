@@ -185,6 +185,9 @@ async fn attempt(shared: &Shared, plan: &Plan, expected: u64) -> Attempt {
         Err(error) => return Attempt::Unknown(error),
     };
     if response.succeeded() {
+        if let Some(header) = response.header() {
+            shared.pins.wrote(header.revision());
+        }
         return Attempt::Applied;
     }
     match failed_check(shared, plan, expected, response) {

@@ -35,12 +35,14 @@
 
 mod cluster;
 mod committer;
+mod compactor;
 mod keys;
 mod plan;
 mod record;
 mod sequence;
 
 pub use cluster::{ClusterError, ClusterOptions, LocalCluster};
+pub use compactor::Compaction;
 /// The etcd client this store is built on, for callers that share its connection
 /// ([`EtcdStore::client`]).
 pub use etcd_client;
@@ -70,6 +72,7 @@ pub struct EtcdConfig {
     prefix: String,
     request_timeout: Duration,
     page_size: usize,
+    compaction: Compaction,
 }
 
 impl EtcdConfig {
@@ -85,6 +88,7 @@ impl EtcdConfig {
             prefix: prefix.into(),
             request_timeout: Duration::from_secs(5),
             page_size: 1000,
+            compaction: Compaction::default(),
         }
     }
 
@@ -100,6 +104,16 @@ impl EtcdConfig {
     #[must_use]
     pub fn page_size(mut self, keys: usize) -> Self {
         self.page_size = keys.max(1);
+        self
+    }
+
+    /// How the store compacts etcd's history once it writes (default: every minute,
+    /// keeping five minutes; see [`Compaction`]). [`Compaction::off`] leaves it to etcd's
+    /// `--auto-compaction-*` or to an operator; without either, etcd's database grows until
+    /// its space quota and then refuses every write.
+    #[must_use]
+    pub fn compaction(mut self, compaction: Compaction) -> Self {
+        self.compaction = compaction;
         self
     }
 
@@ -136,6 +150,8 @@ pub(crate) struct Shared {
     /// This store instance's sequence key ([`sequence`]): random, so that no other writer
     /// shares it.
     pub(crate) sequence_key: Vec<u8>,
+    /// The revisions this store wrote and its loads read at, for the compactor.
+    pub(crate) pins: compactor::Pins,
     /// The parent of every live record this store has seen, so that a `Finish` (which
     /// rewrites the record with its parent) needs no read first.
     parents: Mutex<HashMap<ProcId, Option<ProcId>>>,
@@ -194,11 +210,14 @@ impl EtcdStore {
             timeout: config.request_timeout,
             page_size: config.page_size,
             location,
+            pins: compactor::Pins::default(),
             parents: Mutex::new(HashMap::new()),
         });
         let start = shared.create_sequence().await?;
         let (queue, receiver) = mpsc::unbounded_channel();
         let committer = tokio::spawn(committer::run(Arc::clone(&shared), start, receiver));
+        // It ends on its own once the store (and its committer) are gone.
+        tokio::spawn(compactor::run(Arc::downgrade(&shared), config.compaction));
         Ok(Self {
             shared,
             limits,
@@ -315,7 +334,22 @@ impl EtcdStore {
         Ok(Some(record))
     }
 
+    /// Loads at one revision. A load reads at a revision this store's compactor will not
+    /// compact; if another process compacted it meanwhile, the load starts again (a few
+    /// times: a history compacted faster than a load can read points at a retention
+    /// window too short for the store's size).
     async fn load_all(&self) -> Result<Loaded, StoreError> {
+        let mut attempts = 0;
+        loop {
+            let _pin = self.shared.pins.pin();
+            match self.load_once().await {
+                Err(error) if is_compacted(&error) && attempts < 4 => attempts += 1,
+                result => return result,
+            }
+        }
+    }
+
+    async fn load_once(&self) -> Result<Loaded, StoreError> {
         let shared = &self.shared;
         let mut revision = 0;
         let mut loaded = Loaded::default();
@@ -524,6 +558,19 @@ impl Shared {
             }
         }
     }
+}
+
+/// etcd's answer to a read at, or a compaction to, a revision already compacted.
+fn is_compacted(error: &StoreError) -> bool {
+    let StoreError::Io { source, .. } = error else {
+        return false;
+    };
+    let status = source
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<etcd_client::Error>());
+    matches!(status, Some(etcd_client::Error::GRpcStatus(status))
+        // gRPC's code 11: out of range.
+        if status.code() as i32 == 11 && status.message().contains("compacted"))
 }
 
 /// An error of the connection, not an answer of etcd: worth sending again.
