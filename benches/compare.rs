@@ -35,7 +35,7 @@
 //! `-- --etcd` runs workload 8 alone (`compare/etcd.rs`, quick unless `--full`): the
 //! executor on a local 3-member etcd at 1/16/256 clients against one client's loop of the
 //! same fenced transactions, and the takeover time of a group whose leader is killed. Its
-//! last line is `etcd-summary: etcd1_vs_raw=X etcd256_vs_raw=X takeover_s=X`. It needs
+//! last line is `etcd-summary: etcd1_vs_raw=X etcd256_vs_raw=X takeover_s=X db_mib_after=X`. It needs
 //! the root feature `etcd`; built without it, the bench runs itself again through cargo
 //! with `--features etcd`.
 

@@ -37,13 +37,15 @@ pub struct Summary {
     pub etcd1_vs_raw: f64,
     pub etcd256_vs_raw: f64,
     pub takeover_s: f64,
+    /// etcd's database size after the executor cells (the largest member's), MiB.
+    pub db_mib_after: f64,
 }
 
 impl Summary {
     pub fn line(&self) -> String {
         format!(
-            "etcd-summary: etcd1_vs_raw={:.2} etcd256_vs_raw={:.2} takeover_s={:.2}",
-            self.etcd1_vs_raw, self.etcd256_vs_raw, self.takeover_s
+            "etcd-summary: etcd1_vs_raw={:.2} etcd256_vs_raw={:.2} takeover_s={:.2} db_mib_after={:.1}",
+            self.etcd1_vs_raw, self.etcd256_vs_raw, self.takeover_s, self.db_mib_after
         )
     }
 }
@@ -87,6 +89,10 @@ pub fn run(quick: bool, runtime: &Runtime) -> Summary {
             c.rate.steps_per_sec() / raw
         );
     }
+    let db_mib_after = runtime.block_on(db_mib(&endpoints));
+    println!(
+        "etcd's database after the cells: {db_mib_after:.1} MiB (the largest member's; the stores compact every minute, keeping five)"
+    );
     let takeovers = takeover(&cluster, if quick { 3 } else { 5 });
     let takeover_s = takeovers.iter().sum::<f64>() / takeovers.len() as f64;
     let ratio = |clients| {
@@ -97,7 +103,19 @@ pub fn run(quick: bool, runtime: &Runtime) -> Summary {
         etcd1_vs_raw: ratio(1),
         etcd256_vs_raw: ratio(256),
         takeover_s,
+        db_mib_after,
     }
+}
+
+/// The largest member's database size, in MiB (etcd's `status`, member by member).
+async fn db_mib(endpoints: &[String]) -> f64 {
+    let mut largest = 0;
+    for endpoint in endpoints {
+        let mut client = Client::connect([endpoint], None).await.expect("connect");
+        let status = client.status().await.expect("status");
+        largest = largest.max(status.db_size());
+    }
+    largest as f64 / f64::from(1 << 20)
 }
 
 /// `etcd --version`'s first line.
@@ -137,8 +155,9 @@ async fn probe(endpoints: &[String]) -> usize {
     let before = revision(&client).await;
     let id = executor.submit(Payload::new(0)).await.expect("submit");
     executor.wait(id).await.expect("wait");
-    executor.shutdown().await.expect("shutdown");
+    // Before the shutdown: closing the store deletes its sequence key, one more revision.
     let after = revision(&client).await;
+    executor.shutdown().await.expect("shutdown");
     let mut watcher = client.clone();
     let options = WatchOptions::new()
         .with_prefix()
@@ -148,7 +167,11 @@ async fn probe(endpoints: &[String]) -> usize {
         .await
         .expect("watch");
     let mut sizes = Vec::new();
-    'events: while let Some(response) = stream.message().await.expect("watch") {
+    let next = Duration::from_secs(5);
+    'events: while let Ok(message) = tokio::time::timeout(next, stream.message()).await {
+        let Some(response) = message.expect("watch") else {
+            break;
+        };
         for event in response.events() {
             let kv = event.kv().expect("an event's key");
             if event.event_type() == EventType::Put {
