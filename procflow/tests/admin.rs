@@ -234,6 +234,233 @@ async fn without_a_token_the_admin_is_read_only() {
     executor.shutdown().bounded().await.unwrap();
 }
 
+/// Sends `head` (a request's start line and headers, without the blank line) and
+/// `body` on a raw connection, and returns what the server answered within 3 s: the
+/// status code and the whole answer.
+async fn raw(addr: SocketAddr, head: String, body: Vec<u8>) -> (u16, String) {
+    tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut stream = TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(3)))
+            .unwrap();
+        stream
+            .write_all(format!("{head}\r\nConnection: close\r\n\r\n").as_bytes())
+            .unwrap();
+        // The server may answer, and close, before taking all of it.
+        let _ = stream.write_all(&body);
+        let mut answer = Vec::new();
+        let _ = stream.read_to_end(&mut answer);
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let status = answer
+            .split(' ')
+            .nth(1)
+            .and_then(|code| code.parse().ok())
+            .unwrap_or_else(|| panic!("no HTTP answer: {answer:?}"));
+        (status, answer)
+    })
+    .await
+    .unwrap()
+}
+
+/// Issue 32: only the allowed `Host` names are served (loopback by default), so a page
+/// that rebinds its own name to this machine reads nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_naming_a_host_not_allowed_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::default();
+    let executor = start(dir.path(), &log).await;
+    let server = procflow::admin::Admin::new(executor.clone())
+        .allow_hosts(["Admin.Example"])
+        .bind("127.0.0.1:0".parse().unwrap())
+        .serve()
+        .await
+        .unwrap();
+    let addr = server.local_addr();
+    let port = addr.port();
+    let get = |host: String| {
+        raw(
+            addr,
+            format!("GET /api/procedures HTTP/1.1\r\nHost: {host}"),
+            vec![],
+        )
+    };
+    let (status, answer) = get(format!("rebound.example:{port}")).await;
+    assert_eq!(status, 421, "{answer}");
+    assert!(answer.contains("Admin::allow_hosts"), "{answer}");
+    for allowed in [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        "admin.example".to_owned(),
+    ] {
+        assert_eq!(get(allowed.clone()).await.0, 200, "{allowed}");
+    }
+    let (status, _) = raw(addr, "GET / HTTP/1.1\r\nHost: evil.example".into(), vec![]).await;
+    assert_eq!(status, 421, "the page too");
+    server.shutdown().bounded().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
+}
+
+/// Issue 32: a mutation's token is checked before its body is read (a request without
+/// it is answered while its body has not even been sent), and bodies are size-limited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_is_checked_before_the_body_is_read_and_bodies_are_limited() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::default();
+    let executor = start(dir.path(), &log).await;
+    let id = executor.submit(Job::new("alpha")).await.unwrap();
+    until(&executor, id, |s| matches!(s, Status::Suspended { .. })).await;
+    let server = serve(&executor, TOKEN).await;
+    let addr = server.local_addr();
+    let abort = |token: &str, length: usize| {
+        format!(
+            "POST /api/procedures/{}/abort HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+             Authorization: Bearer {token}\r\nContent-Type: application/json\r\n\
+             Content-Length: {length}",
+            id.get()
+        )
+    };
+    // A megabyte announced, nothing sent: the answer comes from the headers alone.
+    let started = Instant::now();
+    let (status, answer) = raw(addr, abort("guess", 1 << 20), vec![]).await;
+    assert_eq!(status, 401, "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "it waited for the body"
+    );
+    // With the token, a body over the limit is refused, and nothing is done.
+    let (status, answer) = raw(addr, abort(TOKEN, 100_000), vec![b' '; 100_000]).await;
+    assert_eq!(status, 413, "{answer}");
+    assert!(matches!(
+        executor.state(id).unwrap().status,
+        Status::Suspended { .. }
+    ));
+    server.shutdown().bounded().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
+}
+
+/// Issue 32: a read token guards reads (the page stays open: it holds no data) and
+/// cannot mutate; a write token reads too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_token_guards_reads_and_cannot_mutate() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::default();
+    let executor = start(dir.path(), &log).await;
+    let id = executor.submit(Job::new("alpha")).await.unwrap();
+    until(&executor, id, |s| matches!(s, Status::Suspended { .. })).await;
+    let server = procflow::admin::Admin::new(executor.clone())
+        .token(TOKEN)
+        .read_token("r3ader")
+        .bind("127.0.0.1:0".parse().unwrap())
+        .serve()
+        .await
+        .unwrap();
+    let addr = server.local_addr();
+    let get = |path: &str, token: &str| {
+        let auth = if token.is_empty() {
+            String::new()
+        } else {
+            format!("\r\nAuthorization: Bearer {token}")
+        };
+        raw(
+            addr,
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1{auth}"),
+            vec![],
+        )
+    };
+    assert_eq!(get("/api/procedures", "").await.0, 401);
+    assert_eq!(get("/api/procedures", "wrong").await.0, 401);
+    assert_eq!(get("/api/procedures", "r3ader").await.0, 200);
+    assert_eq!(
+        get(&format!("/api/procedures/{}", id.get()), TOKEN).await.0,
+        200
+    );
+    assert_eq!(get("/", "").await.0, 200, "the page itself");
+    let api = Api::of(&server);
+    let abort = format!("/procedures/{}/abort", id.get());
+    let (status, refused) = api.post(&abort, Some("r3ader"), json!({})).await;
+    assert_eq!(status, 403);
+    assert!(
+        error(&refused).contains("may read, not mutate"),
+        "{refused}"
+    );
+    server.shutdown().bounded().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
+}
+
+/// Issue 32: who acted is the token's name, not what the body claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_token_decides_who_acted() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::default();
+    let executor = start(dir.path(), &log).await;
+    let ids = [
+        executor.submit(Job::new("alpha")).await.unwrap(),
+        executor.submit(Job::new("beta")).await.unwrap(),
+    ];
+    for id in ids {
+        until(&executor, id, |s| matches!(s, Status::Suspended { .. })).await;
+    }
+    let server = procflow::admin::Admin::new(executor.clone())
+        .named_token("alice", "al1ce-token")
+        .bind("127.0.0.1:0".parse().unwrap())
+        .serve()
+        .await
+        .unwrap();
+    let api = Api::of(&server);
+    let bypass = |id: ProcedureId| format!("/procedures/{}/bypass", id.get());
+    let claims = json!({"by": "mallory", "reason": "by hand"});
+    assert_eq!(
+        api.post(&bypass(ids[0]), Some("al1ce-token"), claims)
+            .await
+            .0,
+        200
+    );
+    let plain = json!({"reason": "by hand"});
+    assert_eq!(
+        api.post(&bypass(ids[1]), Some("al1ce-token"), plain)
+            .await
+            .0,
+        200
+    );
+    for (id, who) in ids.iter().zip(["alice (as mallory)", "alice"]) {
+        executor.wait(*id).bounded().await.unwrap();
+        let (_, record) = api.get(&format!("/procedures/{}", id.get())).await;
+        let text = record.to_string();
+        assert!(text.contains(&format!("\"by\":\"{who}\"")), "{who}: {text}");
+    }
+    server.shutdown().bounded().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
+}
+
+/// Issue 32: every answer carries the Content-Security-Policy (the page runs only its
+/// own script and styles, by hash) and the hardening headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_carries_a_content_security_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::default();
+    let executor = start(dir.path(), &log).await;
+    let server = serve(&executor, TOKEN).await;
+    let addr = server.local_addr();
+    for path in ["/", "/api/procedures", "/api/nothing"] {
+        let (_, answer) = raw(
+            addr,
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1"),
+            vec![],
+        )
+        .await;
+        let answer = answer.to_ascii_lowercase();
+        assert!(
+            answer.contains("content-security-policy: default-src 'none'; script-src 'sha256-"),
+            "{path}: {answer}"
+        );
+        assert!(answer.contains("x-content-type-options: nosniff"), "{path}");
+        assert!(answer.contains("x-frame-options: deny"), "{path}");
+    }
+    server.shutdown().bounded().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
+}
+
 /// chromedriver on a free port, killed when dropped.
 struct Driver {
     child: Child,

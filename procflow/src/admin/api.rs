@@ -1,15 +1,15 @@
 //! The JSON endpoints: reads of the executor's live view, and the operators' requests.
 
-use super::auth;
+use super::auth::Actor;
 use super::error::ApiError;
 use super::server::Shared;
 use crate::ProcedureId;
 use crate::executor::Handled;
 use crate::operator::{Action, Catalog, ProcedureRecord, Request};
-use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -98,13 +98,7 @@ pub(super) struct Ask {
 }
 
 impl Ask {
-    /// The token checked first (a request without it learns nothing of the body's
-    /// faults), then the body parsed.
-    fn checked<E>(shared: &Shared<E>, headers: &HeaderMap, body: &Bytes) -> Result<Self, ApiError> {
-        auth::check(shared.token.as_deref(), headers)?;
-        Self::parse(body)
-    }
-
+    /// The body parsed (the token was checked before it was read: `auth::writes`).
     fn parse(body: &Bytes) -> Result<Self, ApiError> {
         if body.iter().all(u8::is_ascii_whitespace) {
             return Ok(Self::default());
@@ -122,32 +116,37 @@ impl Ask {
             })
     }
 
-    fn request(self, action: Action) -> Request {
-        Request::new(
-            action,
-            self.by.unwrap_or_else(|| "admin".to_owned()),
-            self.reason,
-        )
+    /// The request, by the token's holder: a different name the body claims is kept
+    /// beside it, never instead of it.
+    fn request(self, action: Action, actor: &Actor) -> Request {
+        let name = &*actor.0;
+        let by = match self.by {
+            Some(claimed) if !claimed.is_empty() && claimed != name => {
+                format!("{name} (as {claimed})")
+            }
+            _ => name.to_owned(),
+        };
+        Request::new(action, by, self.reason)
     }
 }
 
 pub(super) async fn abort<E: Send + Sync + 'static>(
     State(shared): Shared_<E>,
     Path(id): Path<u64>,
-    headers: HeaderMap,
+    Extension(actor): Extension<Actor>,
     body: Bytes,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let ask = Ask::checked(&shared, &headers, &body)?;
-    carry_out(&shared, ask.request(Action::Abort(id))).await
+    let ask = Ask::parse(&body)?;
+    carry_out(&shared, ask.request(Action::Abort(id), &actor)).await
 }
 
 pub(super) async fn bypass<E: Send + Sync + 'static>(
     State(shared): Shared_<E>,
     Path(id): Path<u64>,
-    headers: HeaderMap,
+    Extension(actor): Extension<Actor>,
     body: Bytes,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let ask = Ask::checked(&shared, &headers, &body)?;
+    let ask = Ask::parse(&body)?;
     if ask.reason.trim().is_empty() {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -155,17 +154,21 @@ pub(super) async fn bypass<E: Send + Sync + 'static>(
         ));
     }
     let recursive = ask.recursive;
-    carry_out(&shared, ask.request(Action::Bypass { id, recursive })).await
+    carry_out(
+        &shared,
+        ask.request(Action::Bypass { id, recursive }, &actor),
+    )
+    .await
 }
 
 pub(super) async fn wake<E: Send + Sync + 'static>(
     State(shared): Shared_<E>,
     Path(event): Path<String>,
-    headers: HeaderMap,
+    Extension(actor): Extension<Actor>,
     body: Bytes,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let ask = Ask::checked(&shared, &headers, &body)?;
-    carry_out(&shared, ask.request(Action::Wake(event))).await
+    let ask = Ask::parse(&body)?;
+    carry_out(&shared, ask.request(Action::Wake(event), &actor)).await
 }
 
 /// Hands `request` to the executor, waits until it is done, and logs what became of it.

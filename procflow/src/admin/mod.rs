@@ -15,7 +15,7 @@
 //! | `GET /api/procedures/{id}/diagram` | `{"mermaid": .., "svg": ..}`: its machine with its path drawn on it |
 //! | `GET /api/catalog`               | the whole [`Catalog`](crate::operator::Catalog): records, machines, pending requests |
 //! | `GET /api/locks`                 | `{"held": [{"id", "lock"}], "waiting": [ids]}`          |
-//! | `POST /api/procedures/{id}/abort`  | roll it back; body `{"by", "reason"}`                 |
+//! | `POST /api/procedures/{id}/abort`  | roll it back; body `{"reason"}` (and optionally `"by"`) |
 //! | `POST /api/procedures/{id}/bypass` | end it as bypassed; body `{"by", "reason", "recursive"}`, `reason` required |
 //! | `POST /api/events/{event}/wake`  | wake the procedures suspended on `event`; body `{"by"}` |
 //!
@@ -23,18 +23,31 @@
 //! [`Executor::request`](crate::executor::Executor::request) and answers once it is done:
 //! `{"outcome": "done", "procedures": n}`, or 409 with `{"outcome": "refused", "reason":
 //! ..}`. Errors are `{"error": ..}` with 400 (bad input), 401 (no or wrong token), 403
-//! (mutations disabled), 404 (no such procedure), 500 (the store) or 503 (the executor
-//! stopped).
+//! (mutations disabled, or a read token), 404 (no such procedure), 413 (a body over 16
+//! KiB), 421 (a host not allowed), 500 (the store) or 503 (the executor stopped).
 //!
 //! # Security
 //!
-//! Reads need nothing; mutations need `Authorization: Bearer <token>` with the token given
-//! to [`Admin::token`] (the page asks for it). Without a token every mutation is refused:
-//! the admin is read-only. The token travels in a header, never a cookie, so another site
-//! the operator visits cannot make the browser send it. There is no TLS: keep the default
-//! loopback address, or put a TLS proxy in front. Every HTTP request is logged through
-//! `tracing` (target `procflow::admin`) with its method, path, status, time and peer;
-//! every mutation with who asked, why and what became of it.
+//! - **Tokens.** Mutations need `Authorization: Bearer <token>` with a write token:
+//!   [`Admin::token`] (recorded as by `admin`) or [`Admin::named_token`] (recorded as by
+//!   its name, whatever the body's `by` claims). Without one every mutation is refused:
+//!   the admin is read-only. Reads are open unless [`Admin::read_token`] is set; then
+//!   they need a read or a write token. The token travels in a header, never a cookie, so
+//!   another site the operator visits cannot make the browser send it.
+//! - **Before the body.** The token is checked from the headers, before a mutation's body
+//!   is read; bodies are limited to 16 KiB (413 beyond).
+//! - **Hosts.** A request whose `Host` is not on the allow-list is refused with 421:
+//!   loopback names by default, plus the address [`Admin::serve`] binds, plus
+//!   [`Admin::allow_hosts`]. A page on another site that points its own name at this
+//!   machine (DNS rebinding) reads nothing.
+//! - **Content-Security-Policy.** Every answer allows only the page's own script and
+//!   styles (by SHA-256 hash) and requests to this admin; it also says `nosniff`, no
+//!   referrer and no framing.
+//!
+//! There is no TLS: keep the default loopback address, or put a TLS proxy in front (and
+//! allow the name it forwards). Every HTTP request is logged through `tracing` (target
+//! `procflow::admin`) with its method, path, status, time and peer; every mutation with
+//! who asked (the token's name), why and what became of it.
 //!
 //! # Examples
 //!
@@ -82,6 +95,7 @@
 mod api;
 mod auth;
 mod error;
+mod headers;
 mod log;
 mod page;
 mod server;

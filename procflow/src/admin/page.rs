@@ -5,14 +5,12 @@
 use axum::http::header;
 use axum::response::IntoResponse;
 
-const PAGE: &str = include_str!("page.html");
+pub(super) const PAGE: &str = include_str!("page.html");
 
 pub(super) async fn page() -> impl IntoResponse {
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-            // Never framed by another site (clickjacking of the buttons).
-            (header::X_FRAME_OPTIONS, "DENY"),
             (header::CACHE_CONTROL, "no-store"),
         ],
         PAGE,

@@ -1,8 +1,11 @@
 //! [`Admin`]: the router, and a helper that serves it on an address of its own.
 
-use super::{api, log, page};
+use super::auth::{self, Access};
+use super::{api, headers, log, page};
 use crate::executor::Executor;
 use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -14,15 +17,19 @@ use tokio::task::JoinHandle;
 /// The admin API and page of one executor (see [the module](super)).
 pub struct Admin<E> {
     executor: Executor<E>,
+    /// [`Admin::token`]'s, recorded as `admin`.
     token: Option<Arc<str>>,
+    access: Access,
     addr: SocketAddr,
 }
 
 /// What the handlers share.
 pub(super) struct Shared<E> {
     pub(super) executor: Executor<E>,
-    pub(super) token: Option<Arc<str>>,
 }
+
+/// The largest body a mutation may send: its JSON is a name, a reason and a flag.
+pub(super) const MAX_BODY: usize = 16 * 1024;
 
 impl<E: Send + Sync + 'static> Admin<E> {
     /// Where [`serve`](Self::serve) listens unless [`bind`](Self::bind) says otherwise:
@@ -37,16 +44,58 @@ impl<E: Send + Sync + 'static> Admin<E> {
         Self {
             executor,
             token: None,
+            access: Access::default(),
             addr: Self::DEFAULT_ADDR,
         }
     }
 
     /// Allows mutations (abort, wake, bypass) to requests that carry `token` as
-    /// `Authorization: Bearer <token>`. An empty token leaves mutations disabled.
+    /// `Authorization: Bearer <token>`; they are recorded as by `admin` (see
+    /// [`named_token`](Self::named_token)). An empty token leaves this one unset.
     #[must_use]
     pub fn token(mut self, token: impl Into<String>) -> Self {
         let token = token.into();
         self.token = (!token.is_empty()).then(|| Arc::from(token));
+        self
+    }
+
+    /// Allows mutations to requests that carry `token`, and records them (in the
+    /// procedure's history and the audit log) as by `name`, whatever the request's
+    /// body claims: a body's `by` that differs is kept beside it, as `name (as by)`.
+    /// Give each operator, or each tool, a token of its own. Empty tokens are ignored.
+    #[must_use]
+    pub fn named_token(mut self, name: impl Into<String>, token: impl Into<String>) -> Self {
+        let token = token.into();
+        if !token.is_empty() {
+            let name: Arc<str> = Arc::from(name.into());
+            self.access.writers.push((name, Arc::from(token)));
+        }
+        self
+    }
+
+    /// Requires a token for reads too: `GET /api/…` then needs this token or a write
+    /// token (the page asks for it; the page itself, which holds no data, stays open).
+    /// Without one, reads are open to whoever reaches the address. Empty tokens are
+    /// ignored.
+    #[must_use]
+    pub fn read_token(mut self, token: impl Into<String>) -> Self {
+        let token = token.into();
+        if !token.is_empty() {
+            self.access.readers.push(Arc::from(token));
+        }
+        self
+    }
+
+    /// Adds names a request's `Host` may give (a name, or an address; without the port).
+    /// Only loopback names (`localhost`, `127.0.0.1`, `[::1]`) are allowed by default,
+    /// and [`serve`](Self::serve) adds the address it binds: a page on another site that
+    /// points its own name at this machine (DNS rebinding) is refused with 421. Behind a
+    /// proxy, allow the name the operators use.
+    #[must_use]
+    pub fn allow_hosts(mut self, hosts: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.access
+            .hosts
+            .extend(hosts.into_iter().map(|h| h.into().to_ascii_lowercase()));
         self
     }
 
@@ -66,21 +115,40 @@ impl<E: Send + Sync + 'static> Admin<E> {
     pub fn router(&self) -> Router {
         let shared = Arc::new(Shared {
             executor: self.executor.clone(),
-            token: self.token.clone(),
         });
-        Router::new()
-            .route("/", get(page::page))
+        let access = Arc::new(self.access());
+        let reads = Router::new()
             .route("/api/procedures", get(api::list::<E>))
             .route("/api/procedures/{id}", get(api::record::<E>))
             .route("/api/procedures/{id}/diagram", get(api::diagram::<E>))
+            .route("/api/catalog", get(api::catalog::<E>))
+            .route("/api/locks", get(api::locks::<E>))
+            .route_layer(from_fn_with_state(Arc::clone(&access), auth::reads));
+        // The token is checked before the body is read; the body is then size-limited.
+        let writes = Router::new()
             .route("/api/procedures/{id}/abort", post(api::abort::<E>))
             .route("/api/procedures/{id}/bypass", post(api::bypass::<E>))
             .route("/api/events/{event}/wake", post(api::wake::<E>))
-            .route("/api/catalog", get(api::catalog::<E>))
-            .route("/api/locks", get(api::locks::<E>))
+            .layer(DefaultBodyLimit::max(MAX_BODY))
+            .route_layer(from_fn_with_state(Arc::clone(&access), auth::writes));
+        Router::new()
+            .route("/", get(page::page))
+            .merge(reads)
+            .merge(writes)
             .fallback(api::unknown)
-            .layer(axum::middleware::from_fn(log::requests))
+            .layer(from_fn_with_state(access, auth::hosts))
+            .layer(from_fn(headers::security))
+            .layer(from_fn(log::requests))
             .with_state(shared)
+    }
+
+    /// The hosts and tokens the router accepts.
+    fn access(&self) -> Access {
+        let mut access = self.access.clone();
+        if let Some(token) = &self.token {
+            access.writers.push((Arc::from("admin"), Arc::clone(token)));
+        }
+        access
     }
 
     /// Serves [`router`](Self::router) on the [`bind`](Self::bind) address (by default
@@ -94,8 +162,16 @@ impl<E: Send + Sync + 'static> Admin<E> {
     /// # Cancel safety
     ///
     /// Cancel safe: dropped before it returns, nothing is served.
-    pub async fn serve(self) -> io::Result<AdminServer> {
+    pub async fn serve(mut self) -> io::Result<AdminServer> {
         let listener = TcpListener::bind(self.addr).await?;
+        if !self.addr.ip().is_unspecified() {
+            // The address it is reached at, as a browser writes it.
+            let host = match self.addr.ip() {
+                std::net::IpAddr::V4(ip) => ip.to_string(),
+                std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+            };
+            self.access.hosts.push(host);
+        }
         let addr = listener.local_addr()?;
         if !addr.ip().is_loopback() {
             tracing::warn!(

@@ -46,7 +46,7 @@ pub(crate) mod graph;
 mod history;
 mod record;
 mod ser;
-mod svg;
+pub(crate) mod svg;
 
 pub use crate::stored::history::{StepKind, StepOutcome};
 pub use crate::stored::requests::{Action, Request, leave_request};

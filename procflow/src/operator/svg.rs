@@ -66,7 +66,7 @@ const MARGIN: f64 = 12.0;
 /// The colours, by class, so the page (and a test) can rely on the classes alone. Every
 /// rule is scoped to `.procflow-diagram`: inline in HTML, a `<style>` applies to the
 /// whole page. Later rules win, like `mermaid_with`'s later classes.
-const STYLE: &str = "\
+pub(crate) const STYLE: &str = "\
 .procflow-diagram{font-family:system-ui,-apple-system,'Segoe UI',Roboto,sans-serif;font-size:13px}
 .procflow-diagram .state rect{fill:#fff;stroke:#666;stroke-width:1.2px}
 .procflow-diagram .state text{fill:#222}

@@ -65,7 +65,7 @@ fn send(
     token: Option<&str>,
     make: impl FnOnce(&Catalog) -> Result<Vec<Request>, String>,
 ) -> Result<(), String> {
-    let requests = make(&remote::catalog(url)?)?;
+    let requests = make(&remote::catalog(url, token)?)?;
     if requests.is_empty() {
         return Err("no procedure matches".to_owned());
     }

@@ -42,21 +42,21 @@ fn run(cli: Cli) -> Result<(), String> {
     let token = cli.token.as_deref();
     match cli.command {
         Command::List { at, filter } => {
-            let catalog = read(&at)?;
+            let catalog = read(&at, token)?;
             let records = select(&catalog, &filter)?;
             print::list(&records, json);
             print::unreadable(catalog.unreadable());
         }
         Command::Show { id, at } => {
-            let catalog = read(&at)?;
+            let catalog = read(&at, token)?;
             print::show(&catalog, record(&catalog, id)?, json);
         }
         Command::History { id, at } => {
-            let catalog = read(&at)?;
+            let catalog = read(&at, token)?;
             print::history(record(&catalog, id)?, json);
         }
         Command::Diagram { id, at } => {
-            let catalog = read(&at)?;
+            let catalog = read(&at, token)?;
             let found = record(&catalog, id)?;
             let diagram = catalog.diagram(found.id).ok_or_else(|| {
                 format!(
@@ -66,7 +66,7 @@ fn run(cli: Cli) -> Result<(), String> {
             })?;
             print!("{diagram}");
         }
-        Command::Locks { at } => print::locks(&read(&at)?, json),
+        Command::Locks { at } => print::locks(&read(&at, token)?, json),
         Command::Abort { target, at } => {
             act::abort(&at, token, &target, |catalog| {
                 select_ids(catalog, &target.ids, &target.filter)
@@ -84,10 +84,11 @@ fn run(cli: Cli) -> Result<(), String> {
     Ok(())
 }
 
-/// Reads a WAL directory without locking it, or asks the admin API.
-fn read(at: &Place) -> Result<Catalog, String> {
+/// Reads a WAL directory without locking it, or asks the admin API (with the token, for
+/// an admin whose reads need one).
+fn read(at: &Place, token: Option<&str>) -> Result<Catalog, String> {
     if let Some(url) = &at.url {
-        return remote::catalog(url);
+        return remote::catalog(url, token);
     }
     let store = at.store.as_deref().ok_or("give --store DIR or --url URL")?;
     let loaded = WalStore::read_only(store).map_err(|e| e.to_string())?;

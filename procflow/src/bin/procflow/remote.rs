@@ -5,9 +5,10 @@
 use procflow::operator::{Action, Catalog, Request};
 use serde_json::{Value, json};
 
-/// The executor's live catalog (`GET /api/catalog`).
-pub fn catalog(url: &str) -> Result<Catalog, String> {
-    let (status, body) = call(url, "api/catalog", None, None)?;
+/// The executor's live catalog (`GET /api/catalog`), with `token` if given (an admin with
+/// a read token wants one).
+pub fn catalog(url: &str, token: Option<&str>) -> Result<Catalog, String> {
+    let (status, body) = call(url, "api/catalog", token, None)?;
     if status != 200 {
         return Err(error_of(status, &body));
     }
@@ -58,14 +59,13 @@ fn call(
         .http_status_as_error(false)
         .build()
         .new_agent();
-    let sent = match body {
-        None => agent.get(&full).call(),
-        Some(body) => agent
+    let bearer = format!("Bearer {}", token.unwrap_or_default());
+    let sent = match (body, token) {
+        (None, None) => agent.get(&full).call(),
+        (None, Some(_)) => agent.get(&full).header("Authorization", &bearer).call(),
+        (Some(body), _) => agent
             .post(&full)
-            .header(
-                "Authorization",
-                format!("Bearer {}", token.unwrap_or_default()),
-            )
+            .header("Authorization", &bearer)
             .send_json(&body),
     };
     let mut response = sent.map_err(|e| format!("cannot reach the admin API at {url}: {e}"))?;
