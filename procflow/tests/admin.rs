@@ -13,6 +13,7 @@ use procflow::operator::Catalog;
 use serde_json::{Value, json};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const TOKEN: &str = "t0ken-for-tests";
@@ -457,6 +458,102 @@ async fn every_answer_carries_a_content_security_policy() {
         assert!(answer.contains("x-content-type-options: nosniff"), "{path}");
         assert!(answer.contains("x-frame-options: deny"), "{path}");
     }
+    server.shutdown().bounded().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
+}
+
+/// A store that counts its whole-store loads.
+struct CountingLoads {
+    inner: procflow_store::MemStore,
+    loads: std::sync::atomic::AtomicUsize,
+}
+
+impl procflow_store::Store for CountingLoads {
+    fn commit(
+        &self,
+        batch: procflow_store::Batch,
+    ) -> procflow_store::BoxFuture<'_, Result<(), procflow_store::StoreError>> {
+        self.inner.commit(batch)
+    }
+    fn load(
+        &self,
+    ) -> procflow_store::BoxFuture<'_, Result<procflow_store::Loaded, procflow_store::StoreError>>
+    {
+        self.loads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.load()
+    }
+    fn get(
+        &self,
+        id: u64,
+    ) -> procflow_store::BoxFuture<
+        '_,
+        Result<Option<procflow_store::Record>, procflow_store::StoreError>,
+    > {
+        self.inner.get(id)
+    }
+    fn list(
+        &self,
+    ) -> procflow_store::BoxFuture<
+        '_,
+        Result<Vec<procflow_store::RecordInfo>, procflow_store::StoreError>,
+    > {
+        self.inner.list()
+    }
+    fn meta(
+        &self,
+        prefix: &str,
+    ) -> procflow_store::BoxFuture<
+        '_,
+        Result<std::collections::BTreeMap<String, Vec<u8>>, procflow_store::StoreError>,
+    > {
+        self.inner.meta(prefix)
+    }
+    fn limits(&self) -> procflow_store::Limits {
+        self.inner.limits()
+    }
+    fn close(&self) -> procflow_store::BoxFuture<'_, Result<(), procflow_store::StoreError>> {
+        self.inner.close()
+    }
+}
+
+/// Issue 32: one procedure's diagram is drawn from its record and its machine's graph,
+/// read by key: opening a procedure never loads the whole store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_diagram_is_drawn_without_loading_the_whole_store() {
+    let store = Arc::new(CountingLoads {
+        inner: procflow_store::MemStore::new(),
+        loads: Default::default(),
+    });
+    let log = Log::default();
+    let executor = procflow::executor::Executor::builder_shared(
+        Arc::clone(&store) as Arc<dyn procflow_store::Store>,
+        Arc::new(log.clone()),
+    )
+    .register::<common::ops::JobState>()
+    .start()
+    .await
+    .unwrap();
+    let id = executor.submit(Job::new("alpha")).await.unwrap();
+    until(&executor, id, |s| matches!(s, Status::Suspended { .. })).await;
+    let server = serve(&executor, TOKEN).await;
+    let api = Api::of(&server);
+    let before = store.loads.load(std::sync::atomic::Ordering::SeqCst);
+    let (status, diagram) = api.get(&format!("/procedures/{}/diagram", id.get())).await;
+    assert_eq!(status, 200, "{diagram}");
+    assert!(
+        diagram["svg"].as_str().unwrap().contains("current"),
+        "{diagram}"
+    );
+    assert!(
+        diagram["mermaid"].as_str().unwrap().contains("class "),
+        "{diagram}"
+    );
+    assert_eq!(api.get("/procedures/999/diagram").await.0, 404);
+    assert_eq!(
+        store.loads.load(std::sync::atomic::Ordering::SeqCst),
+        before,
+        "drawing one procedure loaded the whole store"
+    );
     server.shutdown().bounded().await.unwrap();
     executor.shutdown().bounded().await.unwrap();
 }

@@ -4,6 +4,7 @@
 use super::error::ExecutorError;
 use super::{Executor, Status};
 use crate::ProcedureId;
+use crate::operator::graph::MACHINE_PREFIX;
 use crate::operator::{Catalog, ProcedureRecord};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -60,6 +61,21 @@ impl<E: Send + Sync + 'static> Executor<E> {
         record.children.sort();
         self.overlay(&mut record, &self.live_locks());
         Ok(Some(record))
+    }
+
+    /// Procedure `id`'s record with its machine's graph, as a one-record [`Catalog`] (to
+    /// draw its diagram): two reads by key, never the whole store. `None` if the store
+    /// does not hold it.
+    pub(crate) async fn one(&self, id: ProcedureId) -> Result<Option<Catalog>, ExecutorError> {
+        let Some(record) = self.record(id).await? else {
+            return Ok(None);
+        };
+        let key = format!("{MACHINE_PREFIX}{}", record.machine);
+        let graph = self.inner.store.meta(&key).await;
+        let graph = graph.map_err(|e| ExecutorError::Store(Arc::new(e)))?;
+        // The prefix also matches a machine whose name extends this one's: `of_one` keeps
+        // the graph of this machine only.
+        Ok(Some(Catalog::of_one(record, &graph)))
     }
 
     /// Holders and waiters in the lock table.

@@ -45,6 +45,22 @@ impl Catalog {
         Ok(Self::from_loaded(&store.load().await?))
     }
 
+    /// A catalog of one record and its machine's graph (stored under `graph_meta`, the
+    /// entries of one machine's graph key): what drawing one procedure needs, read by id
+    /// rather than with the whole store.
+    pub(crate) fn of_one(record: ProcedureRecord, graph_meta: &BTreeMap<String, Vec<u8>>) -> Self {
+        let mut catalog = Self::default();
+        for value in graph_meta.values() {
+            if let Ok(graph) = postcard::from_bytes::<MachineGraph>(value)
+                && graph.name == record.machine
+            {
+                catalog.machines.insert(graph.name.clone(), graph);
+            }
+        }
+        catalog.records.push(record);
+        catalog
+    }
+
     /// Decodes what a store returned from `load`.
     #[must_use]
     pub fn from_loaded(loaded: &Loaded) -> Self {
