@@ -722,6 +722,7 @@ async fn a_record_of_a_newer_format_is_stuck_never_rewritten_and_requests_refuse
 }
 
 /// A machine of one state, `Start → Done`, over a procedure type, as a release declares it.
+#[cfg(feature = "testing")]
 macro_rules! release {
     ($module:ident, $($version:tt)*) => {
         pub mod $module {
