@@ -4,6 +4,7 @@
 use super::error::ExecutorError;
 use super::{Executor, Status};
 use crate::ProcedureId;
+#[cfg(feature = "admin")]
 use crate::operator::graph::MACHINE_PREFIX;
 use crate::operator::{Catalog, ProcedureRecord};
 use std::collections::HashSet;
@@ -66,6 +67,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
     /// Procedure `id`'s record with its machine's graph, as a one-record [`Catalog`] (to
     /// draw its diagram): two reads by key, never the whole store. `None` if the store
     /// does not hold it.
+    #[cfg(feature = "admin")]
     pub(crate) async fn one(&self, id: ProcedureId) -> Result<Option<Catalog>, ExecutorError> {
         let Some(record) = self.record(id).await? else {
             return Ok(None);

@@ -48,6 +48,7 @@ impl Catalog {
     /// A catalog of one record and its machine's graph (stored under `graph_meta`, the
     /// entries of one machine's graph key): what drawing one procedure needs, read by id
     /// rather than with the whole store.
+    #[cfg(feature = "admin")]
     pub(crate) fn of_one(record: ProcedureRecord, graph_meta: &BTreeMap<String, Vec<u8>>) -> Self {
         let mut catalog = Self::default();
         for value in graph_meta.values() {
