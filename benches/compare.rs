@@ -5,6 +5,7 @@
 //! cargo bench --bench compare              # full: 4 s per cell, 1/16/256/1024 concurrent
 //! cargo bench --bench compare -- --quick   # 1 s per cell, the same concurrencies
 //! cargo bench --bench compare -- --etcd    # workload 8 alone: procflow on etcd
+//! cargo bench --bench compare -- --admin   # workload 9 alone: the admin at 1,000,000
 //! ```
 //!
 //! Every workload runs the same ten-step machine with 64 bytes of state
@@ -38,8 +39,16 @@
 //! last line is `etcd-summary: etcd1_vs_raw=X etcd256_vs_raw=X takeover_s=X db_mib_after=X`. It needs
 //! the root feature `etcd`; built without it, the bench runs itself again through cargo
 //! with `--features etcd`.
+//!
+//! `-- --admin` runs workload 9 alone (`compare/admin.rs`; `--quick`: 100,000 procedures
+//! instead of 1,000,000): the admin's filtered first page and what four polling pages cost
+//! the commits. Its last line is `admin-summary: list_p99_ms=X commits_polled_vs_quiet=X`.
+//! It needs the root feature `admin`; built without it, it runs itself again with it.
 
 // The crate root is benches/compare.rs: its modules live in benches/compare/.
+#[cfg(feature = "admin")]
+#[path = "compare/admin.rs"]
+mod admin;
 #[path = "compare/chart.rs"]
 mod chart;
 #[path = "compare/disk_use.rs"]
@@ -139,6 +148,9 @@ fn main() {
     if std::env::args().any(|arg| arg == "--etcd") {
         return etcd_main();
     }
+    if std::env::args().any(|arg| arg == "--admin") {
+        return admin_main();
+    }
     let plan = Plan::from_args();
     let base = tempfile::Builder::new()
         .prefix("compare-")
@@ -222,6 +234,47 @@ fn etcd_main() {
         .filter(|arg| arg != "--bench")
         .collect();
     with_etcd::rerun("bench", &["--bench", "compare"], &args);
+}
+
+/// `--admin`: workload 9 alone, the admin over a million parked procedures (`--quick`:
+/// 100,000).
+#[cfg(feature = "admin")]
+fn admin_main() {
+    let quick = std::env::args().any(|arg| arg == "--quick");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    println!(
+        "procflow compare --admin: {} mode, {cores} cores",
+        if quick { "quick" } else { "full" }
+    );
+    let summary = admin::run(quick, &runtime);
+    drop(runtime);
+    println!();
+    println!("{}", summary.line());
+}
+
+/// `--admin` in a build without the root package's `admin` feature: runs the bench again
+/// through cargo, with the feature.
+#[cfg(not(feature = "admin"))]
+fn admin_main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|arg| arg != "--bench")
+        .collect();
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    println!(
+        "built without the feature `admin`: running `cargo bench --bench compare --features admin -- {}`",
+        args.join(" ")
+    );
+    let status = std::process::Command::new(cargo)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["bench", "--bench", "compare", "--features", "admin", "--"])
+        .args(&args)
+        .status();
+    std::process::exit(status.map_or(1, |s| s.code().unwrap_or(1)));
 }
 
 /// The value of `--cell`, if given.

@@ -301,6 +301,22 @@ async fn record_and_version(cluster: &LocalCluster, prefix: &str, id: u64) -> (V
     (kv.value().to_vec(), kv.version())
 }
 
+/// Commits `batch` while `proxy` misbehaves as it was told, and breaks the link (the
+/// client's side) 300 ms later, so that the store sends again over a new connection.
+async fn commit_over_a_link_that_breaks(
+    store: &Arc<EtcdStore>,
+    proxy: &Proxy,
+    batch: Batch,
+) -> Result<(), StoreError> {
+    let committing = {
+        let store = Arc::clone(store);
+        tokio::spawn(async move { store.commit(batch).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    proxy.cut();
+    committing.await.unwrap()
+}
+
 /// Issue 31: a transaction held in a slow link, resent, followed by later transactions
 /// of the same writer, then delivered: the late copy fails its compare and the record
 /// keeps its newest value.
@@ -316,19 +332,8 @@ async fn a_late_copy_of_a_transaction_is_refused_and_the_record_keeps_its_newest
 
     // v2's first attempt is held in the link; the link breaks; the store resends.
     proxy.hold();
-    let committing = {
-        let store = Arc::clone(&store);
-        tokio::spawn(async move {
-            store
-                .commit(Batch::new().put(1, None, b"v2".to_vec()))
-                .await
-        })
-    };
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    proxy.cut();
-    committing
+    commit_over_a_link_that_breaks(&store, &proxy, Batch::new().put(1, None, b"v2".to_vec()))
         .await
-        .unwrap()
         .expect("the resend (or the settled retry) applies v2");
     store
         .commit(Batch::new().put(1, None, b"v3".to_vec()))
@@ -362,19 +367,8 @@ async fn a_resend_whose_first_attempt_applied_is_recognised_as_applied() {
         .unwrap();
 
     proxy.lose_answers();
-    let committing = {
-        let store = Arc::clone(&store);
-        tokio::spawn(async move {
-            store
-                .commit(Batch::new().put(1, None, b"once".to_vec()))
-                .await
-        })
-    };
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    proxy.cut();
-    committing
+    commit_over_a_link_that_breaks(&store, &proxy, Batch::new().put(1, None, b"once".to_vec()))
         .await
-        .unwrap()
         .expect("an applied transaction whose answer was lost is reported applied");
     let (value, version) = record_and_version(&cluster, &prefix, 1).await;
     assert!(value.ends_with(b"once"));

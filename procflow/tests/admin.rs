@@ -558,6 +558,203 @@ async fn a_diagram_is_drawn_without_loading_the_whole_store() {
     executor.shutdown().bounded().await.unwrap();
 }
 
+/// An executor of `JobState` on a `MemStore` (fast to fill) with `n` jobs suspended,
+/// named `job-0` … `job-{n-1}`.
+async fn suspended_jobs(n: usize) -> (procflow::executor::Executor<Log>, Log, Vec<ProcedureId>) {
+    let log = Log::default();
+    let executor = procflow::executor::Executor::builder(
+        Arc::new(procflow_store::MemStore::new()),
+        log.clone(),
+    )
+    .register::<common::ops::JobState>()
+    .start()
+    .await
+    .unwrap();
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        ids.push(
+            executor
+                .submit(Job::new(&format!("job-{i}")))
+                .await
+                .unwrap(),
+        );
+    }
+    for &id in [ids[0], ids[n - 1]].iter() {
+        until(&executor, id, |s| matches!(s, Status::Suspended { .. })).await;
+    }
+    (executor, log, ids)
+}
+
+/// `GET /api/summaries` until `check` accepts an answer (the list may be up to a second
+/// behind a busy executor).
+async fn summaries(api: &Api, query: &str, check: impl Fn(&Value) -> bool) -> Value {
+    let started = Instant::now();
+    loop {
+        let (status, list) = api.get(&format!("/summaries?{query}")).await;
+        assert_eq!(status, 200, "{list}");
+        if check(&list) {
+            return list;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{query}: {list}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Issue 32: the list comes from the executor's memory, filtered, paged and counted on
+/// the server; an unchanged list costs a comparison.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_list_is_filtered_paged_and_counted_on_the_server() {
+    let (executor, _log, ids) = suspended_jobs(250).await;
+    let server = serve(&executor, TOKEN).await;
+    let api = Api::of(&server);
+    let all_suspended = |list: &Value| list["counts"]["status"]["suspended"] == 250;
+    let first = summaries(&api, "limit=100", all_suspended).await;
+    assert_eq!(
+        (first["total"].as_u64(), first["matched"].as_u64()),
+        (Some(250), Some(250))
+    );
+    assert_eq!(first["counts"]["machine"]["job"], 250);
+    let rows = first["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 100);
+    assert_eq!(rows[0]["id"], ids[0].get());
+    assert_eq!(rows[0]["detail"], "on go-job-0");
+    assert!(
+        rows[0].get("history").is_none(),
+        "summary rows carry no history"
+    );
+    assert_eq!(first["next"], ids[99].get());
+    let second = summaries(&api, &format!("limit=100&after={}", ids[99].get()), |_| {
+        true
+    })
+    .await;
+    assert_eq!(second["rows"][0]["id"], ids[100].get());
+    let last = summaries(&api, &format!("limit=100&after={}", ids[199].get()), |_| {
+        true
+    })
+    .await;
+    assert_eq!(last["rows"].as_array().unwrap().len(), 50);
+    assert!(last["next"].is_null());
+    let newest = summaries(&api, "limit=1&order=desc", |_| true).await;
+    assert_eq!(newest["rows"][0]["id"], ids[249].get());
+    // Filters: text (an event name), status, machine and state.
+    let one = summaries(&api, "q=GO-JOB-137", |_| true).await;
+    assert_eq!(one["matched"], 1);
+    assert_eq!(one["rows"][0]["id"], ids[137].get());
+    let none = summaries(&api, "status=succeeded", |_| true).await;
+    assert_eq!(
+        (
+            none["matched"].as_u64(),
+            none["rows"].as_array().unwrap().len()
+        ),
+        (Some(0), 0)
+    );
+    let waits = summaries(
+        &api,
+        "machine=job&state=Wait&status=suspended&limit=5",
+        |_| true,
+    )
+    .await;
+    assert_eq!(waits["matched"], 250);
+    // Unchanged since the version the caller shows: no rows.
+    let version = waits["version"].as_u64().unwrap();
+    let unchanged = summaries(&api, &format!("since={version}"), |_| true).await;
+    assert_eq!(unchanged, json!({"version": version, "unchanged": true}));
+    // A change shows, within the second a busy list may lag.
+    executor
+        .request(procflow::operator::Request::new(
+            procflow::operator::Action::Abort(ids[3].get()),
+            "test",
+            "",
+        ))
+        .await
+        .unwrap();
+    executor.wait(ids[3]).bounded().await.unwrap();
+    let after = summaries(&api, "status=rolled-back", |l| l["matched"] == 1).await;
+    assert_eq!(after["rows"][0]["id"], ids[3].get());
+    // Bad input says what to send.
+    let (status, bad) = api.get("/summaries?order=sideways").await;
+    assert_eq!(status, 400);
+    assert!(error(&bad).contains("`asc` or `desc`"), "{bad}");
+    let (status, bad) = api.get("/summaries?colour=red").await;
+    assert_eq!(status, 400);
+    assert!(error(&bad).contains("the parameters are"), "{bad}");
+    server.shutdown().bounded().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
+}
+
+/// Issue 32: the page over 100,000 procedures pages and filters on the server: it
+/// filters to one, opens it, and aborts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_over_100000_procedures_filters_to_one_opens_it_and_aborts_it() {
+    let driver = Driver::start();
+    let (executor, log, ids) = suspended_jobs(100_000).await;
+    let server = serve(&executor, TOKEN).await;
+    let profile = tempfile::tempdir().unwrap();
+    let browser = driver.browser(profile.path()).await;
+    browser
+        .goto(&format!("http://{}/", server.local_addr()))
+        .await
+        .unwrap();
+    text_becomes(&browser, "#count", "(100000 matching of 100000)").await;
+    let shown = browser
+        .find_all(Locator::Css("#procedures tbody tr"))
+        .await
+        .unwrap();
+    assert_eq!(shown.len(), 100, "one page, not the whole list");
+
+    let needle = ids[77_777];
+    type_into(&browser, "#filter", "go-job-77777").await;
+    text_becomes(&browser, "#count", "(1 matching of 100000)").await;
+    let row = format!("#procedures tr[data-id=\"{}\"]", needle.get());
+    click(&browser, &format!("{row} td.id")).await;
+    text_becomes(&browser, "#detail-title", &format!("{needle} job")).await;
+    let current = attr(&browser, "#diagram svg g.state.current", "data-state").await;
+    assert_eq!(current.as_deref(), Some("Wait"));
+
+    let shot = browser.screenshot().await.unwrap();
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("admin-page-100k.png");
+    std::fs::write(&path, &shot).unwrap();
+    eprintln!("screenshot: {}", path.display());
+
+    type_into(&browser, "#token", TOKEN).await;
+    type_into(&browser, "#reason", "found it").await;
+    click(&browser, "#abort").await;
+    text_becomes(&browser, "#action-result", "done for 1 procedure(s)").await;
+    assert!(matches!(
+        executor.wait(needle).bounded().await.unwrap(),
+        Outcome::RolledBack(_)
+    ));
+    assert_eq!(log.count("undo reserve job-77777"), 1);
+    // Rolled back, it no longer waits on its event: found by its status now.
+    browser
+        .find(Locator::Css("#filter"))
+        .await
+        .unwrap()
+        .clear()
+        .await
+        .unwrap();
+    browser
+        .find(Locator::Css("#status-filter"))
+        .await
+        .unwrap()
+        .select_by_label("rolled-back")
+        .await
+        .unwrap();
+    text_becomes(&browser, "#count", "(1 matching of 100000)").await;
+    text_becomes(&browser, &format!("{row} td.status"), "rolled-back").await;
+    assert!(matches!(
+        executor.state(ids[77_776]).unwrap().status,
+        Status::Suspended { .. }
+    ));
+
+    browser.close().await.unwrap();
+    server.shutdown().bounded().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
+}
+
 /// chromedriver on a free port, killed when dropped.
 struct Driver {
     child: Child,

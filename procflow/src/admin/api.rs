@@ -40,8 +40,13 @@ pub(super) async fn record<E: Send + Sync + 'static>(
     State(shared): Shared_<E>,
     Path(id): Path<u64>,
 ) -> Result<Json<ProcedureRecord>, ApiError> {
-    let record = shared.executor.record(ProcedureId::new(id)).await?;
-    record.map(Json).ok_or_else(|| ApiError::not_found(id))
+    // Its children from the shared list's index: finding them in the table would scan
+    // it, under the lock steps need, on every poll of an open procedure.
+    let record = shared.executor.record_alone(ProcedureId::new(id)).await?;
+    let mut record = record.ok_or_else(|| ApiError::not_found(id))?;
+    let snapshot = shared.summaries.get(&shared.executor).await;
+    record.children = snapshot.children(id).to_vec();
+    Ok(Json(record))
 }
 
 /// `{"mermaid": .., "svg": ..}`, both with the procedure's path drawn on its machine.

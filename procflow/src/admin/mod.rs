@@ -99,5 +99,6 @@ mod headers;
 mod log;
 mod page;
 mod server;
+mod summaries;
 
 pub use server::{Admin, AdminServer};

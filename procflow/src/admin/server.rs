@@ -1,7 +1,7 @@
 //! [`Admin`]: the router, and a helper that serves it on an address of its own.
 
 use super::auth::{self, Access};
-use super::{api, headers, log, page};
+use super::{api, headers, log, page, summaries};
 use crate::executor::Executor;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -26,6 +26,8 @@ pub struct Admin<E> {
 /// What the handlers share.
 pub(super) struct Shared<E> {
     pub(super) executor: Executor<E>,
+    /// The list, shared by every page that polls it.
+    pub(super) summaries: summaries::Cache,
 }
 
 /// The largest body a mutation may send: its JSON is a name, a reason and a flag.
@@ -115,9 +117,11 @@ impl<E: Send + Sync + 'static> Admin<E> {
     pub fn router(&self) -> Router {
         let shared = Arc::new(Shared {
             executor: self.executor.clone(),
+            summaries: summaries::Cache::default(),
         });
         let access = Arc::new(self.access());
         let reads = Router::new()
+            .route("/api/summaries", get(summaries::list::<E>))
             .route("/api/procedures", get(api::list::<E>))
             .route("/api/procedures/{id}", get(api::record::<E>))
             .route("/api/procedures/{id}/diagram", get(api::diagram::<E>))

@@ -44,14 +44,9 @@ impl<E: Send + Sync + 'static> Executor<E> {
     ///
     /// Cancel safe: it only reads.
     pub async fn record(&self, id: ProcedureId) -> Result<Option<ProcedureRecord>, ExecutorError> {
-        let stored = self.inner.store.get(id.get()).await;
-        let Some(stored) = stored.map_err(|e| ExecutorError::Store(Arc::new(e)))? else {
+        let Some(mut record) = self.record_alone(id).await? else {
             return Ok(None);
         };
-        let mut record =
-            ProcedureRecord::from_record(&stored).map_err(|reason| ExecutorError::Metadata {
-                key: format!("procedure #{id}: {reason}"),
-            })?;
         record.children = {
             let table = self.inner.table();
             let children = table.procs.iter().filter_map(|(child, entry)| {
@@ -60,8 +55,31 @@ impl<E: Send + Sync + 'static> Executor<E> {
             children.collect()
         };
         record.children.sort();
+        Ok(Some(record))
+    }
+
+    /// [`record`](Self::record) without its children (finding them scans the table).
+    pub(crate) async fn record_alone(
+        &self,
+        id: ProcedureId,
+    ) -> Result<Option<ProcedureRecord>, ExecutorError> {
+        let stored = self.inner.store.get(id.get()).await;
+        let Some(stored) = stored.map_err(|e| ExecutorError::Store(Arc::new(e)))? else {
+            return Ok(None);
+        };
+        let mut record =
+            ProcedureRecord::from_record(&stored).map_err(|reason| ExecutorError::Metadata {
+                key: format!("procedure #{id}: {reason}"),
+            })?;
         self.overlay(&mut record, &self.live_locks());
         Ok(Some(record))
+    }
+
+    /// How many procedure snapshots have changed in this process so far: a list built at
+    /// this count is current while it stays the same.
+    #[cfg(feature = "admin")]
+    pub(crate) fn changes(&self) -> u64 {
+        super::watched::changes()
     }
 
     /// Procedure `id`'s record with its machine's graph, as a one-record [`Catalog`] (to
@@ -69,7 +87,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
     /// does not hold it.
     #[cfg(feature = "admin")]
     pub(crate) async fn one(&self, id: ProcedureId) -> Result<Option<Catalog>, ExecutorError> {
-        let Some(record) = self.record(id).await? else {
+        let Some(record) = self.record_alone(id).await? else {
             return Ok(None);
         };
         let key = format!("{MACHINE_PREFIX}{}", record.machine);
@@ -78,6 +96,23 @@ impl<E: Send + Sync + 'static> Executor<E> {
         // The prefix also matches a machine whose name extends this one's: `of_one` keeps
         // the graph of this machine only.
         Ok(Some(Catalog::of_one(record, &graph)))
+    }
+
+    /// Every procedure's current snapshot, by id: what a list shows, from memory. Taken
+    /// a few thousand entries at a time, so that steps (which need the same table) are
+    /// never held up for long, however many procedures there are; a procedure that
+    /// changes meanwhile appears as it was or as it is.
+    #[cfg(feature = "admin")]
+    pub(crate) fn snapshot(&self) -> Vec<super::ProcedureInfo> {
+        let mut ids: Vec<u64> = self.inner.table().procs.keys().copied().collect();
+        ids.sort_unstable();
+        let mut all = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(4096) {
+            let table = self.inner.table();
+            let infos = chunk.iter().filter_map(|id| table.procs.get(id));
+            all.extend(infos.map(|entry| entry.info.borrow().clone()));
+        }
+        all
     }
 
     /// Holders and waiters in the lock table.

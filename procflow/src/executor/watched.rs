@@ -8,7 +8,28 @@
 //! change through it. The API mirrors `watch::Sender`'s, so callers read the same.
 
 use super::status::ProcedureInfo;
+#[cfg(feature = "admin")]
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::watch;
+
+/// Counts every change of every snapshot in the process (a new procedure, a new
+/// snapshot, one gone): a list that remembers the count it was built at knows, with one
+/// load, whether it may still be current. Shared by the executors of a process, so one's
+/// changes make another's lists rebuild needlessly, never miss a change. Counted only
+/// with the `admin` feature, whose lists use it.
+#[cfg(feature = "admin")]
+static CHANGES: AtomicU64 = AtomicU64::new(0);
+
+/// See [`CHANGES`].
+#[cfg(feature = "admin")]
+pub(crate) fn changes() -> u64 {
+    CHANGES.load(Ordering::Acquire)
+}
+
+fn changed() {
+    #[cfg(feature = "admin")]
+    CHANGES.fetch_add(1, Ordering::Release);
+}
 
 /// See the [module docs](self).
 pub(crate) struct Watched {
@@ -18,6 +39,7 @@ pub(crate) struct Watched {
 
 impl Watched {
     pub(crate) fn new(info: ProcedureInfo) -> Self {
+        changed();
         Self {
             current: info,
             channel: None,
@@ -43,6 +65,7 @@ impl Watched {
             channel.send_replace(info.clone());
         }
         self.current = info;
+        changed();
     }
 
     /// Replaces the snapshot if it changed, telling the subscribers only then.
@@ -50,6 +73,13 @@ impl Watched {
         if self.current != info {
             self.send_replace(info);
         }
+    }
+}
+
+#[cfg(feature = "admin")]
+impl Drop for Watched {
+    fn drop(&mut self) {
+        changed();
     }
 }
 

@@ -45,7 +45,7 @@ mod catalog;
 pub(crate) mod graph;
 mod history;
 mod record;
-mod ser;
+pub(crate) mod ser;
 pub(crate) mod svg;
 
 pub use crate::stored::history::{StepKind, StepOutcome};
