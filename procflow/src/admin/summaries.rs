@@ -23,32 +23,52 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// How stale a busy executor's list may be.
+/// How stale a busy executor's list may be, at least; a list that takes long to build
+/// is rebuilt less often (see [`Snapshot::rebuild_after`]).
 const REBUILD_AT_MOST_EVERY: Duration = Duration::from_secs(1);
+/// A rebuild may take one tenth of one core, at most: the rest is the steps'.
+const REBUILD_SHARE: u32 = 10;
 /// Rows per page unless `limit` says otherwise, and the most it may say.
 const DEFAULT_LIMIT: usize = 100;
 const MAX_LIMIT: usize = 1000;
 
-/// One procedure as the list shows it.
-#[derive(Serialize)]
-struct Row {
-    id: ProcedureId,
-    parent: Option<ProcedureId>,
-    machine: &'static str,
-    state: &'static str,
-    #[serde(serialize_with = "crate::operator::ser::status")]
-    status: Status,
-    steps: u64,
-    /// One line on why it is where it is.
-    detail: String,
-    /// What the text filter searches, in lower case, made once per snapshot.
-    #[serde(skip)]
-    text: String,
+/// One procedure as the list shows it. Made for every procedure at every rebuild, so it
+/// allocates nothing of its own: its detail line is written when the row is sent.
+struct Row(ProcedureInfo);
+
+impl Serialize for Row {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let info = &self.0;
+        let mut map = serializer.serialize_map(Some(7))?;
+        map.serialize_entry("id", &info.id)?;
+        map.serialize_entry("parent", &info.parent)?;
+        map.serialize_entry("machine", info.machine)?;
+        map.serialize_entry("state", info.state)?;
+        map.serialize_entry("status", &StatusJson(&info.status))?;
+        map.serialize_entry("steps", &info.steps)?;
+        map.serialize_entry("detail", &self.detail())?;
+        map.end()
+    }
+}
+
+/// A status as the record API writes it (`{"name": .., ..}`).
+struct StatusJson<'a>(&'a Status);
+
+impl Serialize for StatusJson<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        crate::operator::ser::status(self.0, serializer)
+    }
 }
 
 impl Row {
-    fn of(info: ProcedureInfo) -> Self {
-        let detail = match (&info.status, &info.error) {
+    fn id(&self) -> u64 {
+        self.0.id.get()
+    }
+
+    /// One line on why it is where it is.
+    fn detail(&self) -> String {
+        match (&self.0.status, &self.0.error) {
             (Status::Suspended { event }, _) => format!("on {event}"),
             (
                 Status::Stuck {
@@ -58,35 +78,104 @@ impl Row {
             ) => format!("{attempts} attempts: {error}"),
             (_, Some(error)) => error.to_string(),
             _ => String::new(),
-        };
-        // Fields joined by a character no text filter is trimmed to, so a match does not
-        // span two of them.
-        let text = format!(
-            "{}\n{}\n{}\n{}\n{}",
-            info.id.get(),
-            info.machine,
-            info.state,
-            info.status.name(),
-            detail
-        )
-        .to_lowercase();
-        Self {
-            id: info.id,
-            parent: info.parent,
-            machine: info.machine,
-            state: info.state,
-            status: info.status,
-            steps: info.steps,
-            detail,
-            text,
         }
     }
 
-    /// Whether the row contains `text` (lower case, trimmed) in its id, machine, state,
-    /// status or detail.
-    fn contains(&self, text: &str) -> bool {
-        self.text.contains(text)
+    /// Whether the row shows `needle`'s text in its id, machine, state, status, event or
+    /// error.
+    fn contains(&self, needle: &Needle) -> bool {
+        let info = &self.0;
+        let mut digits = [0; 20];
+        (needle.digits && needle.in_text(decimal(info.id.get(), &mut digits)))
+            || needle.names.iter().any(|name| {
+                [info.machine, info.state, info.status.name()]
+                    .iter()
+                    .any(|field| same_static(field, name))
+            })
+            || match &info.status {
+                Status::Suspended { event } => needle.in_text(event),
+                Status::Stuck { error, .. } => needle.in_text(&error.to_string()),
+                _ => (info.error.as_ref()).is_some_and(|e| needle.in_text(&e.to_string())),
+            }
     }
+}
+
+/// A text filter, prepared once per request: a million rows are then checked without
+/// an allocation or a case fold each, but for their events.
+struct Needle {
+    /// Lower case, trimmed, not empty.
+    text: String,
+    /// Searches for `text`, set up once.
+    finder: memchr::memmem::Finder<'static>,
+    /// The text is all digits: ids may contain it.
+    digits: bool,
+    /// The machine, state and status names that contain it (few: a row's are checked
+    /// against these by identity).
+    names: Vec<&'static str>,
+}
+
+impl Needle {
+    fn new(text: &str, snapshot: &Snapshot) -> Self {
+        let text = text.to_lowercase();
+        let digits = text.bytes().all(|b| b.is_ascii_digit());
+        let names = (snapshot.names.iter().copied())
+            .filter(|name| contains_folded(name, &text))
+            .collect();
+        Self {
+            finder: memchr::memmem::Finder::new(text.as_bytes()).into_owned(),
+            text,
+            digits,
+            names,
+        }
+    }
+
+    /// Whether `hay` contains the text, ignoring `hay`'s ASCII case.
+    fn in_text(&self, hay: &str) -> bool {
+        // Most texts have no capitals: the prepared search is exact there.
+        if !hay.bytes().any(|b| b.is_ascii_uppercase()) {
+            return self.finder.find(hay.as_bytes()).is_some();
+        }
+        contains_folded(hay, &self.text)
+    }
+}
+
+/// The same `&'static str`: the names of one machine's states come from one table, so a
+/// pointer comparison settles it (a value comparison backs it up).
+fn same_static(a: &'static str, b: &'static str) -> bool {
+    std::ptr::eq(a, b) || a == b
+}
+
+/// `n` in decimal, written into `buf`.
+fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &str {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    std::str::from_utf8(&buf[at..]).expect("digits are ASCII")
+}
+
+/// Whether `hay` contains `needle` (lower case), ignoring the ASCII case of `hay`.
+fn contains_folded(hay: &str, needle: &str) -> bool {
+    // Most fields have no capitals: the standard search, which is fast, is exact there.
+    if !hay.bytes().any(|b| b.is_ascii_uppercase()) {
+        return hay.contains(needle);
+    }
+    let (hay, needle) = (hay.as_bytes(), needle.as_bytes());
+    let Some(&first) = needle.first() else {
+        return true;
+    };
+    if needle.len() > hay.len() {
+        return false;
+    }
+    (0..=hay.len() - needle.len()).any(|at| {
+        hay[at].to_ascii_lowercase() == first
+            && hay[at..at + needle.len()].eq_ignore_ascii_case(needle)
+    })
 }
 
 /// The table at one moment: rows by id, counts, and each procedure's children.
@@ -94,35 +183,56 @@ pub(super) struct Snapshot {
     /// The process's change count it was built at.
     version: u64,
     built: Instant,
+    /// How long building it took.
+    took: Duration,
     rows: Vec<Row>,
     by_status: BTreeMap<&'static str, usize>,
     by_machine: BTreeMap<&'static str, usize>,
     children: HashMap<u64, Vec<ProcedureId>>,
+    /// Every machine, state and status name of its rows, once.
+    names: Vec<&'static str>,
 }
 
 impl Snapshot {
-    fn build(version: u64, infos: Vec<ProcedureInfo>) -> Self {
+    fn build(version: u64, infos: Vec<ProcedureInfo>, started: Instant) -> Self {
         let mut snapshot = Self {
             version,
-            built: Instant::now(),
+            built: started,
+            took: Duration::ZERO,
             rows: Vec::with_capacity(infos.len()),
             by_status: BTreeMap::new(),
             by_machine: BTreeMap::new(),
             children: HashMap::new(),
+            names: Vec::new(),
         };
+        let mut names = std::collections::BTreeSet::new();
+        let mut last_state: Option<&'static str> = None;
         for info in infos {
             *snapshot.by_status.entry(info.status.name()).or_default() += 1;
             *snapshot.by_machine.entry(info.machine).or_default() += 1;
             if let Some(parent) = info.parent {
-                snapshot
-                    .children
-                    .entry(parent.get())
-                    .or_default()
-                    .push(info.id);
+                let children = snapshot.children.entry(parent.get()).or_default();
+                children.push(info.id);
             }
-            snapshot.rows.push(Row::of(info));
+            // States repeat from one row to the next: a set insert only on a change.
+            if !last_state.is_some_and(|last| same_static(last, info.state)) {
+                names.insert(info.state);
+                last_state = Some(info.state);
+            }
+            snapshot.rows.push(Row(info));
         }
+        names.extend(snapshot.by_machine.keys().chain(snapshot.by_status.keys()));
+        snapshot.names = names.into_iter().collect();
+        snapshot.took = started.elapsed();
         snapshot
+    }
+
+    /// When a changed executor's list may be built again: a second after this one, or
+    /// ten times as long as this one took, so that rebuilding a large list takes at most
+    /// a tenth of one core from the steps (a million procedures are then a few seconds
+    /// behind, at most).
+    fn rebuild_after(&self) -> Duration {
+        REBUILD_AT_MOST_EVERY.max(self.took * REBUILD_SHARE)
     }
 
     /// Procedure `id`'s children, by id (from memory: live ones and those finished
@@ -143,15 +253,16 @@ pub(super) struct Cache {
 }
 
 impl Cache {
-    /// The snapshot in hand; if something changed since it was built, and it is at least
-    /// a second old, a new one is started in the background for the next requests.
+    /// The snapshot in hand; if something changed since it was built, and it is old
+    /// enough ([`Snapshot::rebuild_after`]), a new one is started in the background for
+    /// the next requests.
     pub(super) async fn get<E: Send + Sync + 'static>(
         &self,
         executor: &crate::executor::Executor<E>,
     ) -> Arc<Snapshot> {
         if let Some(snapshot) = self.in_hand() {
             let stale = snapshot.version != executor.changes()
-                && snapshot.built.elapsed() >= REBUILD_AT_MOST_EVERY;
+                && snapshot.built.elapsed() >= snapshot.rebuild_after();
             if stale && !self.rebuilding.swap(true, Ordering::AcqRel) {
                 let (current, rebuilding) =
                     (Arc::clone(&self.current), Arc::clone(&self.rebuilding));
@@ -187,8 +298,9 @@ impl Cache {
 /// A snapshot of `executor` now (its version read first: a change during the build
 /// makes the next request build again).
 fn build<E: Send + Sync + 'static>(executor: &crate::executor::Executor<E>) -> Snapshot {
+    let started = Instant::now();
     let version = executor.changes();
-    Snapshot::build(version, executor.snapshot())
+    Snapshot::build(version, executor.snapshot(), started)
 }
 
 /// `?status=stuck&machine=job&state=Ship&q=text&order=desc&after=ID&limit=N&since=V`.
@@ -210,11 +322,11 @@ pub(super) struct ListQuery {
 }
 
 impl ListQuery {
-    fn admits(&self, row: &Row, text: Option<&str>) -> bool {
+    fn admits(&self, row: &Row, text: Option<&Needle>) -> bool {
         let is = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
-        is(&self.status, row.status.name())
-            && is(&self.machine, row.machine)
-            && is(&self.state, row.state)
+        is(&self.status, row.0.status.name())
+            && is(&self.machine, row.0.machine)
+            && is(&self.state, row.0.state)
             && text.is_none_or(|text| row.contains(text))
     }
 }
@@ -253,24 +365,36 @@ pub(super) async fn list<E: Send + Sync + 'static>(
     }
     let limit = query.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
     let text = query.q.as_deref().map(str::trim).filter(|t| !t.is_empty());
-    let text = text.map(str::to_lowercase);
-    let admitted = |row: &&Row| query.admits(row, text.as_deref());
+    let needle = text.map(|text| Needle::new(text, &snapshot));
+    let admitted = |row: &Row| query.admits(row, needle.as_ref());
     let rows = &snapshot.rows;
-    // Where the page starts: just after `after`, by a binary search on the sorted ids.
-    let (page, matched): (Vec<&Row>, usize) = if descending {
-        let end = query.after.map_or(rows.len(), |after| {
-            rows.partition_point(|r| r.id.get() < after)
-        });
-        let page = rows[..end].iter().rev().filter(admitted).take(limit + 1);
-        (page.collect(), rows.iter().filter(admitted).count())
+    // Where the page starts: just after `after` (a binary search on the sorted ids). One
+    // pass over the rows both counts the matches and collects the page.
+    let (before, from): (&[Row], &[Row]) = if descending {
+        let end = query
+            .after
+            .map_or(rows.len(), |after| rows.partition_point(|r| r.id() < after));
+        (&rows[end..], &rows[..end])
     } else {
         let start = query
             .after
-            .map_or(0, |after| rows.partition_point(|r| r.id.get() <= after));
-        let page = rows[start..].iter().filter(admitted).take(limit + 1);
-        (page.collect(), rows.iter().filter(admitted).count())
+            .map_or(0, |after| rows.partition_point(|r| r.id() <= after));
+        (&rows[..start], &rows[start..])
     };
-    let next = (page.len() > limit).then(|| page[limit - 1].id);
+    let mut matched = before.iter().filter(|row| admitted(row)).count();
+    let mut page: Vec<&Row> = Vec::with_capacity(limit + 1);
+    let ordered: Box<dyn Iterator<Item = &Row>> = if descending {
+        Box::new(from.iter().rev())
+    } else {
+        Box::new(from.iter())
+    };
+    for row in ordered.filter(|row| admitted(row)) {
+        matched += 1;
+        if page.len() <= limit {
+            page.push(row);
+        }
+    }
+    let next = (page.len() > limit).then(|| page[limit - 1].0.id);
     let page = &page[..page.len().min(limit)];
     Ok(Json(json!({
         "version": snapshot.version,
