@@ -206,23 +206,36 @@ fn main() {
     println!("{}", summary.line());
 }
 
-/// `--etcd`: workload 8 alone, procflow on a local 3-member etcd (quick unless `--full`).
-#[cfg(feature = "etcd")]
-fn etcd_main() {
-    let quick = !std::env::args().any(|arg| arg == "--full");
+/// Runs one workload alone (`--etcd`, `--admin`) on a runtime of its own, after a header
+/// line (`what` says what it runs on), and prints the summary line `run` returns last.
+#[cfg(any(feature = "etcd", feature = "admin"))]
+fn alone(
+    flag: &str,
+    what: &str,
+    quick: bool,
+    run: impl FnOnce(&tokio::runtime::Runtime) -> String,
+) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
-    println!(
-        "procflow compare --etcd: {} mode, {cores} cores, ten-step machine, {STATE_BYTES} B state",
-        if quick { "quick" } else { "full" }
-    );
-    let summary = etcd::run(quick, &runtime);
+    let mode = if quick { "quick" } else { "full" };
+    println!("procflow compare {flag}: {mode} mode, {cores} cores{what}");
+    let line = run(&runtime);
     drop(runtime);
     println!();
-    println!("{}", summary.line());
+    println!("{line}");
+}
+
+/// `--etcd`: workload 8 alone, procflow on a local 3-member etcd (quick unless `--full`).
+#[cfg(feature = "etcd")]
+fn etcd_main() {
+    let quick = !std::env::args().any(|arg| arg == "--full");
+    let what = format!(", ten-step machine, {STATE_BYTES} B state");
+    alone("--etcd", &what, quick, |runtime| {
+        etcd::run(quick, runtime).line()
+    });
 }
 
 /// `--etcd` in a build without the root package's `etcd` feature: runs the bench again
@@ -241,19 +254,9 @@ fn etcd_main() {
 #[cfg(feature = "admin")]
 fn admin_main() {
     let quick = std::env::args().any(|arg| arg == "--quick");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    let cores = std::thread::available_parallelism().map_or(0, usize::from);
-    println!(
-        "procflow compare --admin: {} mode, {cores} cores",
-        if quick { "quick" } else { "full" }
-    );
-    let summary = admin::run(quick, &runtime);
-    drop(runtime);
-    println!();
-    println!("{}", summary.line());
+    alone("--admin", "", quick, |runtime| {
+        admin::run(quick, runtime).line()
+    });
 }
 
 /// `--admin` in a build without the root package's `admin` feature: runs the bench again

@@ -10,7 +10,8 @@
 //!
 //! | Method and path                  | Answer                                                  |
 //! |----------------------------------|---------------------------------------------------------|
-//! | `GET /api/procedures`            | every [`ProcedureRecord`](crate::operator::ProcedureRecord), live; `?status=stuck&machine=job` filter |
+//! | `GET /api/summaries`             | one page of the list from memory: `?status=&machine=&state=&q=&order=asc\|desc&after=ID&limit=N&since=V`; rows without history, counts per status and machine, `next`, `version` (see below) |
+//! | `GET /api/procedures`            | every [`ProcedureRecord`](crate::operator::ProcedureRecord), read from the store (the whole store: prefer `summaries` for a list); `?status=stuck&machine=job` filter |
 //! | `GET /api/procedures/{id}`       | one record (404 if the store does not hold it)          |
 //! | `GET /api/procedures/{id}/diagram` | `{"mermaid": .., "svg": ..}`: its machine with its path drawn on it |
 //! | `GET /api/catalog`               | the whole [`Catalog`](crate::operator::Catalog): records, machines, pending requests |
@@ -18,6 +19,14 @@
 //! | `POST /api/procedures/{id}/abort`  | roll it back; body `{"reason"}` (and optionally `"by"`) |
 //! | `POST /api/procedures/{id}/bypass` | end it as bypassed; body `{"by", "reason", "recursive"}`, `reason` required |
 //! | `POST /api/events/{event}/wake`  | wake the procedures suspended on `event`; body `{"by"}` |
+//!
+//! `GET /api/summaries` answers from one snapshot of the executor's memory, shared by
+//! every request and rebuilt in the background when something changed: at most once a
+//! second, and no more often than ten times the time a rebuild takes (a million
+//! procedures: a few seconds), so polling pages take at most a tenth of a core from the
+//! steps. With `since` equal to the list's current `version` the answer is
+//! `{"version", "unchanged": true}` and costs a comparison. The text filter `q` looks in
+//! ids, machine, state and status names, events and errors (ASCII letters without case).
 //!
 //! A `POST` carries out a durable [`Request`](crate::operator::Request) through
 //! [`Executor::request`](crate::executor::Executor::request) and answers once it is done:
