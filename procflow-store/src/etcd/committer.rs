@@ -110,40 +110,35 @@ async fn commit_once(
 ) -> Result<(), StoreError> {
     let expected = current(shared, sequence).await?;
     match attempt(shared, plan, expected).await {
+        Attempt::Unknown(error) => match settle(shared, expected).await {
+            Some(true) => conclude(sequence, expected, Attempt::Applied),
+            // The lost attempt can never apply: send the batch again, once, at the number
+            // the settle moved to.
+            Some(false) => {
+                let next = expected + 1;
+                conclude(sequence, next, attempt(shared, plan, next).await)
+            }
+            None => conclude(sequence, expected, Attempt::Unknown(error)),
+        },
+        other => conclude(sequence, expected, other),
+    }
+}
+
+/// What an attempt at `expected` leaves the writer's sequence at, and its result.
+fn conclude(sequence: &mut Sequence, expected: u64, attempt: Attempt) -> Result<(), StoreError> {
+    match attempt {
         Attempt::Applied => {
             *sequence = Sequence::At(expected + 1);
             Ok(())
         }
-        Attempt::Refused(error) => Err(error),
-        Attempt::Lost(error) => {
+        Attempt::Refused(error) => {
+            *sequence = Sequence::At(expected);
+            Err(error)
+        }
+        Attempt::Unknown(error) | Attempt::Lost(error) => {
             *sequence = Sequence::Unknown;
             Err(error)
         }
-        Attempt::Unknown(error) => match settle(shared, expected).await {
-            // The lost attempt can never apply: send the batch again, once.
-            Some(false) => {
-                *sequence = Sequence::At(expected + 1);
-                match attempt(shared, plan, expected + 1).await {
-                    Attempt::Applied => {
-                        *sequence = Sequence::At(expected + 2);
-                        Ok(())
-                    }
-                    Attempt::Refused(error) => Err(error),
-                    Attempt::Unknown(error) | Attempt::Lost(error) => {
-                        *sequence = Sequence::Unknown;
-                        Err(error)
-                    }
-                }
-            }
-            Some(true) => {
-                *sequence = Sequence::At(expected + 1);
-                Ok(())
-            }
-            None => {
-                *sequence = Sequence::Unknown;
-                Err(error)
-            }
-        },
     }
 }
 
@@ -211,10 +206,7 @@ fn failed_check(
         Some(TxnOpResponse::Get(get)) => get.kvs().first().map_or(0, |kv| kv.create_revision()),
         _ => 0,
     };
-    let found = match responses.next() {
-        Some(TxnOpResponse::Get(get)) => sequence::decode(get.kvs().first().map(|kv| kv.value())),
-        _ => None,
-    };
+    let found = sequence::read(responses.next());
     match sequence::verdict(expected, found) {
         Verdict::AppliedBefore => return Ok(()),
         Verdict::Lost => {
@@ -274,14 +266,7 @@ async fn settle(shared: &Shared, expected: u64) -> Option<bool> {
     if response.succeeded() {
         return Some(false);
     }
-    let found = response
-        .op_responses()
-        .into_iter()
-        .next()
-        .and_then(|r| match r {
-            TxnOpResponse::Get(get) => sequence::decode(get.kvs().first().map(|kv| kv.value())),
-            _ => None,
-        });
+    let found = sequence::read(response.op_responses().into_iter().next());
     (sequence::verdict(expected, found) == Verdict::AppliedBefore).then_some(true)
 }
 

@@ -24,7 +24,7 @@
 //! arrives after the close cannot apply either. (Had the first transaction compared "the
 //! key does not exist yet", the close would re-open that door.)
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, KeyValue, Txn, TxnOp, TxnOpResponse};
 
 /// What a writer knows of its sequence key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +65,14 @@ pub(crate) fn advance(key: &[u8], expected: u64) -> TxnOp {
 /// The number a stored value holds (`None` for a missing key or another value).
 pub(crate) fn decode(value: Option<&[u8]>) -> Option<u64> {
     value.and_then(|bytes| <[u8; 8]>::try_from(bytes).ok().map(u64::from_le_bytes))
+}
+
+/// The number a failure branch's read of the key found.
+pub(crate) fn read(response: Option<TxnOpResponse>) -> Option<u64> {
+    match response? {
+        TxnOpResponse::Get(get) => decode(get.kvs().first().map(KeyValue::value)),
+        _ => None,
+    }
 }
 
 fn encode(n: u64) -> Vec<u8> {
