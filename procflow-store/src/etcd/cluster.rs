@@ -69,10 +69,6 @@ pub struct ClusterOptions {
     /// `--quota-backend-bytes`: the database size past which etcd refuses writes
     /// (`mvcc: database space exceeded`); etcd's default (2 GiB) when `None`.
     pub quota_bytes: Option<u64>,
-    /// `--experimental-watch-progress-notify-interval`: how often a watch with progress
-    /// notifications hears from its member when nothing changes; etcd's default (10 min)
-    /// when `None`.
-    pub progress_notify: Option<Duration>,
 }
 
 impl ClusterOptions {
@@ -86,13 +82,6 @@ impl ClusterOptions {
     #[must_use]
     pub fn quota_bytes(mut self, bytes: u64) -> Self {
         self.quota_bytes = Some(bytes);
-        self
-    }
-
-    /// Sets [`progress_notify`](Self::progress_notify).
-    #[must_use]
-    pub fn progress_notify(mut self, every: Duration) -> Self {
-        self.progress_notify = Some(every);
         self
     }
 }
@@ -186,27 +175,6 @@ impl LocalCluster {
         Ok(())
     }
 
-    /// Sends `signal` (`"-STOP"`, `"-CONT"`, …) to member `i`'s process: a stopped member
-    /// keeps its connections open and answers nothing, as a frozen machine does.
-    ///
-    /// # Errors
-    ///
-    /// [`ClusterError::Member`] if the member does not run or `kill` fails.
-    pub fn signal(&self, i: usize, signal: &str) -> Result<(), ClusterError> {
-        let pid = self
-            .pid(i)
-            .ok_or_else(|| member_error(i, "does not run".to_owned()))?;
-        let status = Command::new("kill")
-            .args([signal, &pid.to_string()])
-            .status()
-            .map_err(|e| member_error(i, format!("cannot run kill: {e}")))?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(member_error(i, format!("kill {signal} {pid}: {status}")))
-        }
-    }
-
     /// Starts member `i` again on its data and waits until it is healthy.
     ///
     /// # Errors
@@ -275,12 +243,6 @@ impl LocalCluster {
         let mut args = Vec::new();
         if let Some(bytes) = self.options.quota_bytes {
             args.extend(["--quota-backend-bytes".to_owned(), bytes.to_string()]);
-        }
-        if let Some(every) = self.options.progress_notify {
-            args.extend([
-                "--experimental-watch-progress-notify-interval".to_owned(),
-                format!("{}ms", every.as_millis()),
-            ]);
         }
         args
     }
