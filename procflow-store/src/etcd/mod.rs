@@ -170,14 +170,7 @@ impl EtcdStore {
             config.endpoints.join(","),
             config.prefix
         ));
-        // A member cut off from the cluster's quorum refuses requests and cancels watches
-        // (etcd's require-leader) rather than serving stale reads or a watch that never
-        // fires: callers retry, on another member.
-        let options = ConnectOptions::new()
-            .with_require_leader(true)
-            .with_connect_timeout(config.request_timeout)
-            .with_timeout(config.request_timeout)
-            .with_keep_alive(Duration::from_secs(1), config.request_timeout);
+        let options = connect_options(config.request_timeout);
         let connect = Client::connect(config.endpoints.clone(), Some(options));
         let client = match tokio::time::timeout(config.request_timeout, connect).await {
             Ok(Ok(client)) => client,
@@ -395,6 +388,20 @@ impl EtcdStore {
     }
 }
 
+/// How the store (and procflow's `EtcdElection`, when it reconnects) connect:
+/// requests and watches require an etcd leader, so a member cut off from the cluster's
+/// quorum refuses them rather than serving stale reads or a watch that never fires
+/// (callers retry, on another member); every request has `timeout`; connections are
+/// pinged every second and dropped when a ping goes unanswered for `timeout`.
+#[must_use]
+pub fn connect_options(timeout: Duration) -> ConnectOptions {
+    ConnectOptions::new()
+        .with_require_leader(true)
+        .with_connect_timeout(timeout)
+        .with_timeout(timeout)
+        .with_keep_alive(Duration::from_secs(1), timeout)
+}
+
 impl Shared {
     /// Runs one request on the key-value client with the store's deadline. A request
     /// that fails on the connection (a member died, the channel routed to it) is sent
@@ -460,16 +467,7 @@ impl Shared {
                 async move { kv.txn(txn).await }
             })
             .await?;
-        let found = response
-            .op_responses()
-            .into_iter()
-            .next()
-            .and_then(|r| match r {
-                etcd_client::TxnOpResponse::Get(get) => {
-                    sequence::decode(get.kvs().first().map(KeyValue::value))
-                }
-                _ => None,
-            });
+        let found = sequence::read(response.op_responses().into_iter().next());
         // Failed: a resend found the key its own first attempt created, or (with a
         // 64-bit random id, not in practice) another writer's key.
         if response.succeeded() || found == Some(start) {

@@ -19,11 +19,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use procflow_store::BoxFuture;
-use procflow_store::etcd::EtcdConfig;
 use procflow_store::etcd::etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, PutOptions, Txn, TxnOp, TxnOpResponse,
-    WatchOptions,
+    Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
+use procflow_store::etcd::{EtcdConfig, connect_options};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -132,14 +131,10 @@ impl EtcdElection {
     /// Opens new connections to the endpoints, for the requests that follow: a watch
     /// that stalled may have been served by a member that is cut off, or over a link
     /// that went silent without breaking, and the old connections may still be routed to
-    /// it. The new client requires a leader (a member without one refuses at once) and
-    /// pings its connections. If no endpoint answers, the old client stays.
+    /// it. The new client connects as the store does ([`connect_options`]: it requires a
+    /// leader and pings its connections). If no endpoint answers, the old client stays.
     async fn reconnect(&self) {
-        let options = ConnectOptions::new()
-            .with_require_leader(true)
-            .with_connect_timeout(self.request_timeout)
-            .with_timeout(self.request_timeout)
-            .with_keep_alive(Duration::from_secs(1), self.request_timeout);
+        let options = connect_options(self.request_timeout);
         let connect = Client::connect(self.endpoints.clone(), Some(options));
         if let Ok(Ok(client)) = tokio::time::timeout(self.request_timeout, connect).await {
             *self.client.lock().unwrap_or_else(|e| e.into_inner()) = client;
