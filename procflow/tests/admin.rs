@@ -306,11 +306,8 @@ async fn a_request_naming_a_host_not_allowed_is_refused() {
 /// it is answered while its body has not even been sent), and bodies are size-limited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_token_is_checked_before_the_body_is_read_and_bodies_are_limited() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = Log::default();
-    let executor = start(dir.path(), &log).await;
-    let id = executor.submit(Job::new("alpha")).await.unwrap();
-    until(&executor, id, |s| matches!(s, Status::Suspended { .. })).await;
+    let (executor, _log, ids) = suspended_jobs(1).await;
+    let id = ids[0];
     let server = serve(&executor, TOKEN).await;
     let addr = server.local_addr();
     let abort = |token: &str, length: usize| {
@@ -344,11 +341,8 @@ async fn the_token_is_checked_before_the_body_is_read_and_bodies_are_limited() {
 /// cannot mutate; a write token reads too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_token_guards_reads_and_cannot_mutate() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = Log::default();
-    let executor = start(dir.path(), &log).await;
-    let id = executor.submit(Job::new("alpha")).await.unwrap();
-    until(&executor, id, |s| matches!(s, Status::Suspended { .. })).await;
+    let (executor, _log, ids) = suspended_jobs(1).await;
+    let id = ids[0];
     let server = procflow::admin::Admin::new(executor.clone())
         .token(TOKEN)
         .read_token("r3ader")
@@ -392,16 +386,7 @@ async fn a_read_token_guards_reads_and_cannot_mutate() {
 /// Issue 32: who acted is the token's name, not what the body claims.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_named_token_decides_who_acted() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = Log::default();
-    let executor = start(dir.path(), &log).await;
-    let ids = [
-        executor.submit(Job::new("alpha")).await.unwrap(),
-        executor.submit(Job::new("beta")).await.unwrap(),
-    ];
-    for id in ids {
-        until(&executor, id, |s| matches!(s, Status::Suspended { .. })).await;
-    }
+    let (executor, _log, ids) = suspended_jobs(2).await;
     let server = procflow::admin::Admin::new(executor.clone())
         .named_token("alice", "al1ce-token")
         .bind("127.0.0.1:0".parse().unwrap())
