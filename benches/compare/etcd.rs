@@ -5,12 +5,16 @@
 //!   1, 16 and 256 closed-loop clients of the ten-step machine.
 //! * The baseline: one client committing the same fenced transactions back to back, each
 //!   one step's put (the compare of the leader key's create revision, one put of a step's
-//!   record, the failure branch's read of the leader key), measured before and after the
-//!   executor cells; the ratios use the mean.
+//!   record, the failure branch's read of the leader key). The one-client ratio comes from
+//!   three rounds of a raw cell and the one-client executor cell side by side; the
+//!   256-client ratio uses the mean of every raw cell.
+//! * For the record, not as a baseline: the raw loop with the store's per-writer sequence
+//!   compare-and-put added to each transaction, to show what exactly-once costs.
 //! * Failover: three `group_worker` processes; the leader is killed with SIGKILL several
 //!   times, and the time until another prints `leading` is the takeover.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use procflow::executor::Executor;
@@ -27,6 +31,8 @@ use crate::workers::Workers;
 
 /// The concurrencies of the executor cells.
 const CLIENTS: [u64; 3] = [1, 16, 256];
+/// Rounds of a raw cell and the one-client executor cell, side by side.
+const ROUNDS: usize = 3;
 /// The lease TTL of the takeover workers, in seconds (etcd's minimum).
 const TAKEOVER_TTL_S: u64 = 2;
 /// The lease TTL of the bench's own terms: long enough never to lapse mid-cell.
@@ -50,6 +56,16 @@ impl Summary {
     }
 }
 
+/// What the raw loop's transactions compare.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fence {
+    /// The leader key's create revision: the baseline of the ratios.
+    Term,
+    /// That, and a writer's sequence key whose value each transaction compares and
+    /// advances, as the store's transactions do (for the record: not a baseline).
+    TermAndSequence,
+}
+
 /// One executor cell: its rate, and the transactions it took (etcd revisions).
 struct Cell {
     clients: u64,
@@ -67,16 +83,46 @@ pub fn run(quick: bool, runtime: &Runtime) -> Summary {
         cell.as_millis()
     );
     let value_len = runtime.block_on(probe(&endpoints));
-    let raw_before = runtime.block_on(raw_loop(&endpoints, value_len, cell));
-    let cells: Vec<Cell> = CLIENTS
+    // The one-client ratio is the one noise moves most (the raw loop's own rate drifts by
+    // up to a quarter over a run): it is measured in rounds of a raw cell and the
+    // one-client executor cell, side by side, and the ratio is taken over their sums.
+    let mut raws = Vec::new();
+    let mut singles = Vec::new();
+    for _ in 0..ROUNDS {
+        raws.push(runtime.block_on(raw_loop(&endpoints, value_len, cell, Fence::Term)));
+        singles.push(runtime.block_on(executor_cell(&endpoints, 1, cell)));
+    }
+    let mut cells: Vec<Cell> = CLIENTS[1..]
         .iter()
         .map(|&clients| runtime.block_on(executor_cell(&endpoints, clients, cell)))
         .collect();
-    let raw_after = runtime.block_on(raw_loop(&endpoints, value_len, cell));
-    let raw = (raw_before + raw_after) / 2.0;
+    raws.push(runtime.block_on(raw_loop(&endpoints, value_len, cell, Fence::Term)));
+    let sequenced = runtime.block_on(raw_loop(
+        &endpoints,
+        value_len,
+        cell,
+        Fence::TermAndSequence,
+    ));
+    let raw = raws.iter().sum::<f64>() / raws.len() as f64;
+    let rounds: Vec<String> = raws
+        .iter()
+        .zip(&singles)
+        .map(|(raw, single)| format!("{raw:.0}/s vs {:.0}/s", single.rate.steps_per_sec()))
+        .collect();
     println!(
-        "raw loop of fenced one-put transactions ({value_len} B), one client: {raw_before:.0}/s before the executor cells, {raw_after:.0}/s after; mean {raw:.0}/s"
+        "raw loop of fenced one-put transactions ({value_len} B), one client, and the executor at one client, round by round: {}; a last raw cell {:.0}/s; raw mean {raw:.0}/s",
+        rounds.join(", "),
+        raws[raws.len() - 1]
     );
+    println!(
+        "the raw loop with a writer's sequence compare-and-put in each transaction, as the store sends them: {sequenced:.0}/s, {:.2} of the plain raw mean",
+        sequenced / raw
+    );
+    let single_steps: u64 = singles.iter().map(|c| c.rate.steps).sum();
+    let single_secs: f64 = singles.iter().map(|c| c.rate.elapsed.as_secs_f64()).sum();
+    let paired_raw: f64 = raws[..ROUNDS].iter().sum::<f64>() / ROUNDS as f64;
+    let etcd1_vs_raw = single_steps as f64 / single_secs / paired_raw;
+    cells.insert(0, merge(singles));
     println!("clients  steps/s  txns/s  steps/txn  vs raw");
     for c in &cells {
         let secs = c.rate.elapsed.as_secs_f64();
@@ -95,13 +141,10 @@ pub fn run(quick: bool, runtime: &Runtime) -> Summary {
     );
     let takeovers = takeover(&cluster, if quick { 3 } else { 5 });
     let takeover_s = takeovers.iter().sum::<f64>() / takeovers.len() as f64;
-    let ratio = |clients| {
-        let c = cells.iter().find(|c| c.clients == clients).expect("cell");
-        c.rate.steps_per_sec() / raw
-    };
+    let c256 = cells.iter().find(|c| c.clients == 256).expect("cell");
     Summary {
-        etcd1_vs_raw: ratio(1),
-        etcd256_vs_raw: ratio(256),
+        etcd1_vs_raw,
+        etcd256_vs_raw: c256.rate.steps_per_sec() / raw,
         takeover_s,
         db_mib_after,
     }
@@ -202,9 +245,28 @@ async fn fenced_executor(store: Arc<EtcdStore>, term: Term) -> Executor<()> {
         .expect("start the executor")
 }
 
+/// The cells of one concurrency as one: their steps, transactions and times summed.
+fn merge(cells: Vec<Cell>) -> Cell {
+    let mut rate = Rate::ZERO;
+    let mut txns = 0;
+    for c in &cells {
+        rate.steps += c.rate.steps;
+        rate.procedures += c.rate.procedures;
+        rate.elapsed += c.rate.elapsed;
+        txns += c.txns;
+    }
+    Cell {
+        clients: cells[0].clients,
+        rate,
+        txns,
+    }
+}
+
 /// The executor on a fresh prefix, `clients` closed-loop clients for `cell`.
 async fn executor_cell(endpoints: &[String], clients: u64, cell: Duration) -> Cell {
-    let config = EtcdConfig::new(endpoints.to_vec(), format!("/bench/executor{clients}"));
+    static CELLS: AtomicUsize = AtomicUsize::new(0);
+    let n = CELLS.fetch_add(1, Ordering::Relaxed);
+    let config = EtcdConfig::new(endpoints.to_vec(), format!("/bench/executor{clients}-{n}"));
     let store = Arc::new(EtcdStore::connect(config.clone()).await.expect("connect"));
     let client = store.client();
     let (election, term) = lead(&client, &config, "bench").await;
@@ -223,26 +285,45 @@ async fn executor_cell(endpoints: &[String], clients: u64, cell: Duration) -> Ce
 
 /// One client committing fenced one-put transactions back to back for `cell`, each
 /// waiting for the last. Returns transactions (steps) per second.
-async fn raw_loop(endpoints: &[String], value_len: usize, cell: Duration) -> f64 {
-    let prefix = "/bench/raw";
-    let config = EtcdConfig::new(endpoints.to_vec(), prefix);
+async fn raw_loop(endpoints: &[String], value_len: usize, cell: Duration, fence: Fence) -> f64 {
+    static LOOPS: AtomicUsize = AtomicUsize::new(0);
+    let prefix = format!("/bench/raw{}", LOOPS.fetch_add(1, Ordering::Relaxed));
+    let config = EtcdConfig::new(endpoints.to_vec(), prefix.clone());
     let mut client = Client::connect(endpoints, None).await.expect("connect");
     let (election, term) = lead(&client, &config, "raw").await;
     let leader = config.leader_key();
     let token = i64::try_from(term.token).expect("a revision");
+    let sequence_key = format!("{prefix}/w/raw");
+    let mut sequence = 0u64;
+    client
+        .put(sequence_key.clone(), sequence.to_le_bytes().to_vec(), None)
+        .await
+        .expect("put the sequence key");
     let value = vec![7u8; value_len];
     let start = Instant::now();
     let mut txns = 0u64;
     while start.elapsed() < cell {
         // As many keys as the 256-client cell has live procedures.
         let key = format!("{prefix}/p/{:020}", txns % 256);
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                leader.clone(),
+        let mut compares = vec![Compare::create_revision(
+            leader.clone(),
+            CompareOp::Equal,
+            token,
+        )];
+        let mut puts = vec![TxnOp::put(key, value.clone(), None)];
+        if fence == Fence::TermAndSequence {
+            let (now, next) = (sequence.to_le_bytes(), (sequence + 1).to_le_bytes());
+            compares.push(Compare::value(
+                sequence_key.clone(),
                 CompareOp::Equal,
-                token,
-            )])
-            .and_then([TxnOp::put(key, value.clone(), None)])
+                now.to_vec(),
+            ));
+            puts.push(TxnOp::put(sequence_key.clone(), next.to_vec(), None));
+            sequence += 1;
+        }
+        let txn = Txn::new()
+            .when(compares)
+            .and_then(puts)
             .or_else([TxnOp::get(leader.clone(), None)]);
         let response = client.txn(txn).await.expect("txn");
         assert!(response.succeeded(), "the raw loop's term is current");
