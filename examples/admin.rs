@@ -10,7 +10,8 @@
 //!     list --url http://127.0.0.1:7077                       # the CLI, through the API
 //! ```
 //!
-//! Open the page, pick a procedure: its diagram shows where it is. Type the token (printed
+//! `/metrics` serves procflow's series through a Prometheus exporter (see the README's
+//! "Metrics" for the list). Open the page, pick a procedure: its diagram shows where it is. Type the token (printed
 //! at start, or `--token`) to use the buttons: *Wake* `storage-ready` lets the buckets
 //! open and the accounts finish; *Abort* rolls an account back (its reservation undone);
 //! *Bypass* (with a reason) ends the stuck one without running its handlers. The store is
@@ -166,6 +167,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("admin: {message}");
         std::process::exit(2);
     });
+    // procflow records through the `metrics` facade; this recorder keeps the series for
+    // `/metrics` (installed first, so that it sees every one).
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
     let temp = tempfile::tempdir()?;
     let dir = args.dir.clone().unwrap_or_else(|| temp.path().to_owned());
     let store = Arc::new(WalStore::open(&dir, WalConfig::default())?);
@@ -194,6 +198,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let server = Admin::new(executor.clone())
         .token(args.token.clone())
+        .metrics(move || prometheus.render())
         .bind(args.addr)
         .serve()
         .await
@@ -204,6 +209,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             )
         })?;
     println!("admin page at http://{}/", server.local_addr());
+    println!("metrics at http://{}/metrics", server.local_addr());
     println!("token: {}", args.token);
     println!("store: {}", dir.display());
     match args.serve_for {

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Installs, from Debian's packages, what the tests need when it is missing: etcd (the etcd
 # tests start a real 3-member cluster on 127.0.0.1), protoc (etcd-client's build), and
-# Chromium with its ChromeDriver (the admin page's test drives a headless browser).
+# Chromium with its ChromeDriver (the admin page's test drives a headless browser), and
+# curl (CI reads the admin example's /metrics).
 set -euo pipefail
 missing=()
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+# .ci/run reads the admin example's /metrics with curl.
+command -v curl >/dev/null 2>&1 || missing+=(curl)
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "== apt-get install ${missing[*]}"
   sudo=""

@@ -383,6 +383,70 @@ async fn a_read_token_guards_reads_and_cannot_mutate() {
     executor.shutdown().bounded().await.unwrap();
 }
 
+/// Issue 32: `/metrics` serves what the application's Prometheus recorder holds of
+/// procflow's series, as a read (the read token guards it), and only when asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_served_from_the_applications_recorder() {
+    // Installed before anything is submitted: every series below is recorded into it
+    // (other tests of this binary may add to the counts, never take from them).
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("the only recorder of this test binary");
+    let (executor, _log, ids) = suspended_jobs(2).await;
+    let plain = procflow::admin::Admin::new(executor.clone())
+        .bind("127.0.0.1:0".parse().unwrap())
+        .serve()
+        .await
+        .unwrap();
+    let get = |addr: SocketAddr, token: &str| {
+        let auth = if token.is_empty() {
+            String::new()
+        } else {
+            format!("\r\nAuthorization: Bearer {token}")
+        };
+        raw(
+            addr,
+            format!("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1{auth}"),
+            vec![],
+        )
+    };
+    assert_eq!(get(plain.local_addr(), "").await.0, 404, "not asked for");
+    plain.shutdown().bounded().await.unwrap();
+
+    let server = procflow::admin::Admin::new(executor.clone())
+        .token(TOKEN)
+        .read_token("r3ader")
+        .metrics(move || prometheus.render())
+        .bind("127.0.0.1:0".parse().unwrap())
+        .serve()
+        .await
+        .unwrap();
+    let api = Api::of(&server);
+    let abort = format!("/procedures/{}/abort", ids[0].get());
+    assert_eq!(api.post(&abort, Some(TOKEN), json!({})).await.0, 200);
+    until(&executor, ids[0], |s| matches!(s, Status::RolledBack)).await;
+    assert_eq!(get(server.local_addr(), "").await.0, 401, "a read");
+    let (status, answer) = get(server.local_addr(), "r3ader").await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{answer}"
+    );
+    let value = |series: &str| -> f64 {
+        answer
+            .lines()
+            .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in {answer}"))
+    };
+    assert!(value("procflow_submitted_total{machine=\"job\"}") >= 2.0);
+    assert!(value("procflow_rolled_back_total{machine=\"job\"}") >= 1.0);
+    assert!(value("procflow_step_seconds_count{machine=\"job\"}") >= 2.0);
+    server.shutdown().bounded().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
+}
+
 /// Issue 32: who acted is the token's name, not what the body claims.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_named_token_decides_who_acted() {

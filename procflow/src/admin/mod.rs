@@ -19,6 +19,7 @@
 //! | `POST /api/procedures/{id}/abort`  | roll it back; body `{"reason"}` (and optionally `"by"`) |
 //! | `POST /api/procedures/{id}/bypass` | end it as bypassed; body `{"by", "reason", "recursive"}`, `reason` required |
 //! | `POST /api/events/{event}/wake`  | wake the procedures suspended on `event`; body `{"by"}` |
+//! | `GET /metrics`                   | with [`Admin::metrics`] only: the application's recorder, in Prometheus's text format |
 //!
 //! `GET /api/summaries` answers from one snapshot of the executor's memory, shared by
 //! every request and rebuilt in the background when something changed: at most once a
@@ -106,6 +107,7 @@ mod auth;
 mod error;
 mod headers;
 mod log;
+mod metrics;
 mod page;
 mod server;
 mod summaries;

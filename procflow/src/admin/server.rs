@@ -1,7 +1,7 @@
 //! [`Admin`]: the router, and a helper that serves it on an address of its own.
 
 use super::auth::{self, Access};
-use super::{api, headers, log, page, summaries};
+use super::{api, headers, log, metrics, page, summaries};
 use crate::executor::Executor;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -21,6 +21,8 @@ pub struct Admin<E> {
     token: Option<Arc<str>>,
     access: Access,
     addr: SocketAddr,
+    /// [`Admin::metrics`]'s renderer.
+    metrics: Option<metrics::Render>,
 }
 
 /// What the handlers share.
@@ -48,7 +50,35 @@ impl<E: Send + Sync + 'static> Admin<E> {
             token: None,
             access: Access::default(),
             addr: Self::DEFAULT_ADDR,
+            metrics: None,
         }
+    }
+
+    /// Serves `GET /metrics`: whatever `render` returns, as Prometheus's text format.
+    /// procflow itself records through the [`metrics`](https://docs.rs/metrics) facade
+    /// and renders nothing; install the recorder you choose and hand over its renderer,
+    /// for example `metrics-exporter-prometheus`'s `PrometheusHandle::render`:
+    ///
+    /// ```no_run
+    /// # async fn run(executor: procflow::executor::Executor<()>) -> std::io::Result<()> {
+    /// let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+    ///     .install_recorder()
+    ///     .expect("no other recorder is installed");
+    /// let server = procflow::admin::Admin::new(executor)
+    ///     .metrics(move || prometheus.render())
+    ///     .serve()
+    ///     .await?;
+    /// # drop(server);
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// `/metrics` is a read: with a [`read_token`](Self::read_token) set, the scraper
+    /// sends one (`authorization: bearer_token` in a Prometheus scrape config).
+    #[must_use]
+    pub fn metrics(mut self, render: impl Fn() -> String + Send + Sync + 'static) -> Self {
+        self.metrics = Some(Arc::new(render));
+        self
     }
 
     /// Allows mutations (abort, wake, bypass) to requests that carry `token` as
@@ -120,14 +150,17 @@ impl<E: Send + Sync + 'static> Admin<E> {
             summaries: summaries::Cache::default(),
         });
         let access = Arc::new(self.access());
-        let reads = Router::new()
+        let mut reads = Router::new()
             .route("/api/summaries", get(summaries::list::<E>))
             .route("/api/procedures", get(api::list::<E>))
             .route("/api/procedures/{id}", get(api::record::<E>))
             .route("/api/procedures/{id}/diagram", get(api::diagram::<E>))
             .route("/api/catalog", get(api::catalog::<E>))
-            .route("/api/locks", get(api::locks::<E>))
-            .route_layer(from_fn_with_state(Arc::clone(&access), auth::reads));
+            .route("/api/locks", get(api::locks::<E>));
+        if let Some(render) = &self.metrics {
+            reads = reads.route("/metrics", metrics::route(Arc::clone(render)));
+        }
+        let reads = reads.route_layer(from_fn_with_state(Arc::clone(&access), auth::reads));
         // The token is checked before the body is read; the body is then size-limited.
         let writes = Router::new()
             .route("/api/procedures/{id}/abort", post(api::abort::<E>))
