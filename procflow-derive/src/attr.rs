@@ -5,8 +5,8 @@ use syn::parse::ParseStream;
 use syn::{Attribute, Ident, LitInt, LitStr, Path, Token, Type, bracketed, punctuated::Punctuated};
 
 /// The keys `#[state_machine(..)]` accepts, for the "unknown key" message.
-const MACHINE_KEYS: &str =
-    "`procedure`, `name`, `env`, `max_repeats`, `module`, `crate`, `version`, `oldest`, `migrate`";
+const MACHINE_KEYS: &str = "`procedure`, `name`, `env`, `max_repeats`, `module`, `crate`, \
+     `version`, `oldest`, `migrate`, `show_data`, `redact`";
 /// The attributes procflow reads on a variant.
 const STATE_ATTRS: [&str; 7] = [
     "initial",
@@ -43,6 +43,10 @@ pub struct MachineAttrs {
     /// `migrate(V = OldType, ..)`: the key, then each version with the type its records
     /// are read as.
     pub migrate: Option<(Path, Vec<Migration>)>,
+    /// `show_data = false`: operators' tools do not show the data; the key, for errors.
+    pub show_data: Option<(Path, bool)>,
+    /// `redact = ["field", "nested.field"]`: the key, and the fields shown redacted.
+    pub redact: Option<(Path, Vec<LitStr>)>,
 }
 
 /// `V = OldType` in `migrate(..)`.
@@ -147,6 +151,14 @@ pub fn machine_attrs(cx: &Ctxt, attrs: &[Attribute]) -> MachineAttrs {
                     }
                     Some(Err(error)) => cx.push(error),
                     None => {}
+                }
+            } else if key.is_ident("show_data") {
+                if let Some(shown) = recover(cx, &meta, parse_bool(&meta))? {
+                    set_once(cx, key, &mut out.show_data, (key.clone(), shown));
+                }
+            } else if key.is_ident("redact") {
+                if let Some(fields) = recover(cx, &meta, parse_redact(cx, &meta))? {
+                    set_once(cx, key, &mut out.redact, (key.clone(), fields));
                 }
             } else if key.is_ident("migrate") {
                 if let Some(migrations) = recover(cx, &meta, parse_migrate(cx, &meta))? {
@@ -492,6 +504,58 @@ fn parse_name(cx: &Ctxt, meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<L
         );
     }
     Ok(name)
+}
+
+/// `show_data = false` (or `true`).
+fn parse_bool(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<bool> {
+    let value = meta.value()?;
+    match value.parse::<syn::Lit>() {
+        Ok(syn::Lit::Bool(flag)) => Ok(flag.value),
+        Ok(other) => Err(syn::Error::new_spanned(
+            other,
+            "expected `true` or `false`: `show_data = false` hides the data from operators",
+        )),
+        Err(_) => Err(value.error(
+            "expected `true` or `false`: `show_data = false` hides the data from operators",
+        )),
+    }
+}
+
+/// `redact = ["password", "credentials.token"]`: field names, or dotted paths into nested
+/// fields, none empty.
+fn parse_redact(cx: &Ctxt, meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<Vec<LitStr>> {
+    const EXAMPLE: &str = "`redact = [\"password\", \"credentials.token\"]`";
+    let value = meta.value()?;
+    let content;
+    if !value.peek(syn::token::Bracket) {
+        return Err(value.error(format_args!(
+            "expected a list of field names in brackets: {EXAMPLE}"
+        )));
+    }
+    bracketed!(content in value);
+    let fields = Punctuated::<syn::Lit, Token![,]>::parse_terminated(&content)?;
+    let mut out = Vec::new();
+    for field in fields {
+        let syn::Lit::Str(field) = field else {
+            cx.error_at(
+                &field,
+                format_args!("expected a field name as a string: {EXAMPLE}"),
+            );
+            continue;
+        };
+        let text = field.value();
+        if text.split('.').any(|part| part.trim().is_empty()) {
+            cx.error_at(
+                &field,
+                format_args!(
+                    "`{text}` is not a field path: write field names joined by dots, like {EXAMPLE}"
+                ),
+            );
+            continue;
+        }
+        out.push(field);
+    }
+    Ok(out)
 }
 
 /// `version = N` or `oldest = K`: a data version, from 1. As [`parse_u32`], the outer

@@ -10,6 +10,7 @@ use syn::Ident;
 pub fn check(cx: &Ctxt, machine: &Machine<'_>) {
     check_procedure_given(cx, machine);
     check_data_versions(cx, machine);
+    check_shown_data(cx, machine);
     check_aliases(cx, machine);
     // A misspelt `#[intial]` or `#[transtion(..)]` is reported by rustc, with a hint
     // naming ours; the rules about initial, terminal and transitions would only repeat it
@@ -38,6 +39,31 @@ pub fn check(cx: &Ctxt, machine: &Machine<'_>) {
     if graph_is_sound(machine) {
         let reachable = check_all_reachable(cx, machine);
         check_all_can_terminate(cx, machine, &reachable);
+    }
+}
+
+// `redact` picks fields out of data that is shown: with `show_data = false` it would do
+// nothing, and the reader would wonder which of the two wins.
+fn check_shown_data(cx: &Ctxt, machine: &Machine<'_>) {
+    let attrs = &machine.attrs;
+    if let (Some((_, false)), Some((redact, _))) = (&attrs.show_data, &attrs.redact) {
+        cx.error_at(
+            redact,
+            "`redact` has no effect with `show_data = false`, which hides all of the data: \
+             remove one of the two",
+        );
+    }
+    let fields = attrs.redact.as_ref().map_or(&[][..], |(_, f)| f.as_slice());
+    for (i, field) in fields.iter().enumerate() {
+        if fields[..i]
+            .iter()
+            .any(|earlier| earlier.value() == field.value())
+        {
+            cx.error_at(
+                field,
+                format_args!("`{}` is redacted twice: give it once", field.value()),
+            );
+        }
     }
 }
 
@@ -326,20 +352,23 @@ fn check_rollback_flags_agree(cx: &Ctxt, machine: &Machine<'_>) {
     }
 }
 
-/// Methods the handler trait has besides the generated handlers.
-const RESERVED_METHODS: [&str; 1] = ["locks"];
+/// Methods the handler trait has besides the generated handlers, with what they do.
+const RESERVED_METHODS: [(&str, &str); 2] = [
+    ("locks", "declare locks"),
+    ("describe", "describe a procedure to operators"),
+];
 
 // Generated handler names do not collide (`RollbackFoo` vs the rollback of `Foo`), nor
-// with the trait's own methods (`Locks` vs `locks`).
+// with the trait's own methods (`Locks` vs `locks`, `Describe` vs `describe`).
 fn check_handler_names_unique(cx: &Ctxt, machine: &Machine<'_>) {
     for state in machine.steps() {
         let method = names::execute_method(state.ident).to_string();
-        if RESERVED_METHODS.contains(&method.as_str()) {
+        if let Some((_, purpose)) = RESERVED_METHODS.iter().find(|(m, _)| *m == method) {
             cx.error_at(
                 state.ident,
                 format_args!(
                     "the handler of `{}` would be `{method}`, which the handler trait uses to \
-                     declare locks: rename the state",
+                     {purpose}: rename the state",
                     state.ident
                 ),
             );

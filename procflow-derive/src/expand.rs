@@ -167,7 +167,7 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
     // In a sound machine the names are unique; after a collision the fallback keeps one
     // (and leaves out a handler named like the trait's own `locks`). A hidden method
     // yields to a real handler of the same name.
-    let mut seen = vec![String::from("locks")];
+    let mut seen = vec![String::from("locks"), String::from("describe")];
     let methods = execute
         .chain(rollback)
         .chain(undeclared)
@@ -197,6 +197,14 @@ pub fn handlers_trait(machine: &Machine<'_>, bodies: Bodies) -> TokenStream {
                 #private::LockKeyError,
             > {
                 ::core::result::Result::Ok(#private::Locks::none())
+            }
+
+            /// A short summary of this procedure for operators, such as `"table users, 4
+            /// regions"` (none by default). It is stored with the procedure's record at
+            /// every write, so that `procflow show --store` prints it without this type.
+            /// Keep it short and free of secrets.
+            fn describe(&self) -> ::core::option::Option<::std::string::String> {
+                ::core::option::Option::None
             }
         }
     }
@@ -296,6 +304,7 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
     };
     let procedure_assoc = quote_spanned!(procedure.span()=> type Procedure = #procedure;);
     let versions = data_versions(machine, procedure);
+    let shown = shown_data(machine);
     // Spanned on the user's `procedure = X`, so a second machine naming X gets its
     // "conflicting implementations" error there.
     let procedure_impl = quote_spanned! {procedure.span()=>
@@ -324,6 +333,7 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
             const TERMINALS: &'static [Self] = &[#(Self::#terminals),*];
             const EDGES: &'static [(Self, Self)] = &[#(#edges),*];
             #versions
+            #shown
 
             fn index(self) -> usize {
                 match self { #(Self::#states => #indexes,)* }
@@ -336,6 +346,10 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
                 #private::LockKeyError,
             > {
                 <#procedure as #trait_ident>::locks(procedure)
+            }
+
+            fn describe(procedure: &#procedure) -> ::core::option::Option<::std::string::String> {
+                <#procedure as #trait_ident>::describe(procedure)
             }
 
             fn execute_from_state<'a>(
@@ -411,6 +425,20 @@ fn data_versions(machine: &Machine<'_>, procedure: &syn::Type) -> TokenStream {
         }
     });
     quote!(#version #oldest #migrate)
+}
+
+/// `SHOW_DATA` and `REDACTED`, when the machine sets them.
+fn shown_data(machine: &Machine<'_>) -> TokenStream {
+    let attrs = &machine.attrs;
+    let show = attrs
+        .show_data
+        .as_ref()
+        .map(|(_, shown)| quote!(const SHOW_DATA: bool = #shown;));
+    let redacted = attrs
+        .redact
+        .as_ref()
+        .map(|(_, fields)| quote!(const REDACTED: &'static [&'static str] = &[#(#fields),*];));
+    quote!(#show #redacted)
 }
 
 fn state_info(machine: &Machine<'_>, state: &State<'_>) -> TokenStream {

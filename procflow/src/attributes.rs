@@ -40,6 +40,14 @@
 //! | `version = N` | no | the data version of the procedure type this build writes, stored in every record; default 1. Bump it when the stored form changes (see the README's "Upgrading your procedures") |
 //! | `migrate(1 = OldV1, 2 = OldV2)` | from `version = 2` on | for each older data version, the type its records are read as (`Deserialize`, with `impl From<Old> for Procedure`): one for every version from `oldest` to `version - 1`, or it does not compile |
 //! | `oldest = K` | no | the oldest data version this build reads (default 1): versions below it need no migration, and their records are reported by the start check |
+//! | `show_data = false` | no | the admin API and page do not show the procedure's data (default: shown, as JSON, from the last write) |
+//! | `redact = ["password", "card.number"]` | no | fields of the data the admin shows as `"[redacted]"`: names, or dotted paths into nested structs, maps and lists. The stored data is unchanged |
+//!
+//! Besides its handlers, the handler trait has two methods with defaults: `locks` (the
+//! locks a procedure takes, see [`locks`](crate::locks)) and `describe`, a short summary
+//! for operators (`"table users, 4 regions"`) stored with the record at every write, so
+//! that `procflow show --store` prints it without the procedure's type. A state named
+//! `Locks` or `Describe` would collide with them and does not compile.
 //!
 //! ```
 //! use procflow::prelude::*;

@@ -180,6 +180,14 @@ pub trait StateMachine: Copy + Eq + Debug + Send + Sync + 'static {
     /// from it to `DATA_VERSION - 1` has a migration; records older than it cannot be
     /// read (the start check reports them).
     const OLDEST_VERSION: u32 = 1;
+    /// Whether operators' tools (the admin API and page) may show the procedure's data as
+    /// JSON (`#[state_machine(show_data = false)]` hides it, for data that is secret as a
+    /// whole). Default: shown.
+    const SHOW_DATA: bool = true;
+    /// Fields of the procedure's data that operators' tools show as `"[redacted]"`
+    /// (`#[state_machine(redact = ["password", "credentials.token"])]`: a field name, or a
+    /// dotted path into nested structs and maps). The stored data is not changed.
+    const REDACTED: &'static [&'static str] = &[];
 
     /// The position of `self` in [`STATES`](Self::STATES).
     fn index(self) -> usize;
@@ -230,6 +238,15 @@ pub trait StateMachine: Copy + Eq + Debug + Send + Sync + 'static {
     fn locks(procedure: &Self::Procedure) -> Result<Locks, LockKeyError> {
         let _ = procedure;
         Ok(Locks::none())
+    }
+
+    /// A short summary of `procedure` for operators (its handler trait's `describe`;
+    /// none by default), stored with its record at every write so that tools without the
+    /// procedure's type (`procflow show --store`) can print it.
+    #[must_use]
+    fn describe(procedure: &Self::Procedure) -> Option<String> {
+        let _ = procedure;
+        None
     }
 
     /// The metadata of `self`.

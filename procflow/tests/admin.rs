@@ -10,6 +10,7 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use procflow::ProcedureId;
 use procflow::executor::{Outcome, Status};
 use procflow::operator::Catalog;
+use procflow::prelude::*;
 use serde_json::{Value, json};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -447,6 +448,132 @@ async fn metrics_are_served_from_the_applications_recorder() {
     executor.shutdown().bounded().await.unwrap();
 }
 
+/// A machine whose data carries secrets: two fields are redacted for operators.
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Account, name = "account", env = Log, redact = ["password", "card.number"])]
+enum AccountState {
+    #[initial]
+    #[transition(to = [Open])]
+    Wait,
+    #[terminal]
+    Open,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Account {
+    name: String,
+    password: String,
+    card: Card,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Card {
+    number: String,
+    holder: String,
+}
+
+impl AccountStateHandlers for Account {
+    async fn wait(&mut self, _: &Context<Log>) -> Step<account_state::Wait> {
+        Ok(Flow::suspend("never"))
+    }
+    fn describe(&self) -> Option<String> {
+        Some(format!("account {}", self.name))
+    }
+}
+
+/// A machine whose data is secret as a whole.
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Vault, name = "vault", env = Log, show_data = false)]
+enum VaultState {
+    #[initial]
+    #[transition(to = [Sealed])]
+    Wait,
+    #[terminal]
+    Sealed,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Vault {
+    key: String,
+}
+
+impl VaultStateHandlers for Vault {
+    async fn wait(&mut self, _: &Context<Log>) -> Step<vault_state::Wait> {
+        Ok(Flow::suspend("never"))
+    }
+}
+
+/// Issue 32: a procedure's data is shown as JSON (redacted fields replaced, a hiding
+/// machine's not at all), with its own summary; neither changes what is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn procedure_data_is_shown_redacted_or_hidden_as_its_machine_says() {
+    let executor = procflow::executor::Executor::builder(
+        Arc::new(procflow_store::MemStore::new()),
+        Log::default(),
+    )
+    .register::<AccountState>()
+    .register::<VaultState>()
+    .start()
+    .await
+    .unwrap();
+    let account = executor
+        .submit(Account {
+            name: "acme".into(),
+            password: "hunter2".into(),
+            card: Card {
+                number: "4111 1111 1111 1111".into(),
+                holder: "Ada".into(),
+            },
+        })
+        .await
+        .unwrap();
+    let vault = executor
+        .submit(Vault {
+            key: "s3cr3t-key".into(),
+        })
+        .await
+        .unwrap();
+    for id in [account, vault] {
+        until(&executor, id, |s| matches!(s, Status::Suspended { .. })).await;
+    }
+    let server = procflow::admin::Admin::new(executor.clone())
+        .bind("127.0.0.1:0".parse().unwrap())
+        .serve()
+        .await
+        .unwrap();
+    let api = Api::of(&server);
+    let (status, record) = api.get(&format!("/procedures/{}", account.get())).await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(
+        record["data"],
+        json!({
+            "name": "acme",
+            "password": "[redacted]",
+            "card": {"number": "[redacted]", "holder": "Ada"},
+        })
+    );
+    assert_eq!(record["data_note"], Value::Null);
+    assert_eq!(record["summary"], "account acme");
+    assert!(!record.to_string().contains("hunter2"), "{record}");
+
+    let (status, record) = api.get(&format!("/procedures/{}", vault.get())).await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["data"], Value::Null);
+    assert!(
+        record["data_note"]
+            .as_str()
+            .is_some_and(|note| note.contains("show_data = false")),
+        "{record}"
+    );
+    assert!(!record.to_string().contains("s3cr3t"), "{record}");
+    assert_eq!(record["summary"], Value::Null, "it describes nothing");
+    // What is stored is the whole data: the procedure still has its password.
+    let stored = executor.record(account).await.unwrap().unwrap();
+    assert_eq!(stored.summary.as_deref(), Some("account acme"));
+    server.shutdown().bounded().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
+}
+
 /// Issue 32: who acted is the token's name, not what the body claims.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_named_token_decides_who_acted() {
@@ -771,6 +898,14 @@ async fn the_page_over_100000_procedures_filters_to_one_opens_it_and_aborts_it()
     text_becomes(&browser, "#detail-title", &format!("{needle} job")).await;
     let current = attr(&browser, "#diagram svg g.state.current", "data-state").await;
     assert_eq!(current.as_deref(), Some("Wait"));
+    // Its data, as JSON, and its own summary.
+    text_becomes(&browser, "dd.field-summary", "job job-77777").await;
+    let data = browser.find(Locator::Css("#data")).await.unwrap();
+    let data: Value = serde_json::from_str(&data.text().await.unwrap()).unwrap();
+    assert_eq!(
+        data,
+        json!({"name": "job-77777", "lock": null, "fail_commit": false})
+    );
 
     let shot = browser.screenshot().await.unwrap();
     let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("admin-page-100k.png");

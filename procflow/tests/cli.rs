@@ -107,6 +107,10 @@ async fn cli_reads_a_live_store_and_bypasses_a_stuck_procedure_on_a_stopped_one(
         ok && shown.contains("\n  #1 job ") && !shown.contains("##"),
         "{shown}"
     );
+    // Issue 32: the procedure's own summary (`describe`), stored with its record, read
+    // by a CLI that has none of the procedure's types.
+    assert!(shown.contains("\nsummary      job stuck\n"), "{shown}");
+    assert_eq!(json(&["show", "2"], store)["summary"], "job waiting");
 
     // A write needs the store stopped: the running executor holds it.
     let (ok, _, stderr) = procflow(&["bypass", "1", "--reason", "fixed by hand"], store);

@@ -105,3 +105,65 @@ async fn cli_reads_and_acts_through_the_admin_api() {
     server.shutdown().bounded().await.unwrap();
     executor.shutdown().bounded().await.unwrap();
 }
+
+/// Issue 32: the CLI's reads use the endpoints the page uses (the list from memory, one
+/// procedure by key), never the whole catalog, which reads the whole store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cli_reads_use_the_list_and_by_key_endpoints_not_the_catalog() {
+    use std::sync::{Arc, Mutex};
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::default();
+    let executor = start(dir.path(), &log).await;
+    let [alpha, _, _] = three_jobs(&executor, &log).await;
+    // The admin's router, behind a layer that records every path asked.
+    let asked = Arc::new(Mutex::new(Vec::<String>::new()));
+    let recorder = Arc::clone(&asked);
+    let app = procflow::admin::Admin::new(executor.clone())
+        .router()
+        .layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                let recorder = Arc::clone(&recorder);
+                async move {
+                    let path = request.uri().path().to_owned();
+                    recorder.lock().unwrap().push(path);
+                    next.run(request).await
+                }
+            },
+        ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let served = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let id = alpha.get().to_string();
+    for args in [
+        &["list"][..],
+        &["list", "--status", "suspended", "--older-than", "0s"],
+        &["show", &id],
+        &["history", &id],
+        &["diagram", &id],
+        &["locks"],
+    ] {
+        let (ok, out, err) = procflow(args, &url).await;
+        assert!(ok && !out.is_empty(), "{args:?}: {err}");
+    }
+    let (_, shown, _) = procflow(&["show", &id], &url).await;
+    assert!(shown.contains("summary      job alpha"), "{shown}");
+    let (_, listed, _) = procflow(&["list", "--status", "suspended"], &url).await;
+    assert!(
+        listed.contains("UPDATED") && listed.contains("on go-alpha"),
+        "{listed}"
+    );
+    let asked = asked.lock().unwrap().clone();
+    assert!(!asked.iter().any(|p| p == "/api/catalog"), "{asked:?}");
+    assert!(!asked.iter().any(|p| p == "/api/procedures"), "{asked:?}");
+    for used in [
+        "/api/summaries".to_owned(),
+        format!("/api/procedures/{id}"),
+        format!("/api/procedures/{id}/diagram"),
+        "/api/locks".to_owned(),
+    ] {
+        assert!(asked.contains(&used), "{used} in {asked:?}");
+    }
+    served.abort();
+    executor.shutdown().bounded().await.unwrap();
+}

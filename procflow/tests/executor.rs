@@ -71,18 +71,23 @@ async fn runs_to_success_reporting_progress(store: TestStore) {
         Outcome::Succeeded
     );
     let info = executor.state(id).unwrap();
+    let ProcedureInfo {
+        id: info_id,
+        parent,
+        machine,
+        status,
+        state,
+        steps,
+        error,
+        updated,
+        ..
+    } = info.clone();
     assert_eq!(
-        info,
-        ProcedureInfo {
-            id,
-            parent: None,
-            machine: "Counter",
-            status: Status::Succeeded,
-            state: "Done",
-            steps: 4,
-            error: None,
-        }
+        (info_id, parent, machine, status, state, steps, error),
+        (id, None, "Counter", Status::Succeeded, "Done", 4, None)
     );
+    let record = executor.record(id).await.unwrap().unwrap();
+    assert_eq!(updated, record.updated, "the time of its last write");
     assert_eq!(ledger.value("p value"), Some(26));
     assert_eq!(executor.list(), [info]);
     executor.shutdown().bounded().await.unwrap();

@@ -667,7 +667,7 @@ async fn a_state_only_a_newer_build_knows_is_stuck_keeping_its_lock(store: TestS
     again.shutdown().bounded().await.unwrap();
 }
 
-/// A record whose envelope a newer procflow wrote (format 4): this build reads what it
+/// A record whose envelope a newer procflow wrote (format 5): this build reads what it
 /// knows of it (its locks), reports it stuck before it runs anything, refuses operators'
 /// requests on it (acting would rewrite it in this build's format), and never writes it.
 async fn a_record_of_a_newer_format_is_stuck_never_rewritten_and_requests_refused(
@@ -681,7 +681,7 @@ async fn a_record_of_a_newer_format_is_stuck_never_rewritten_and_requests_refuse
     let y = first.submit(order_v1("y")).await.unwrap();
     status_is(&first, y, suspended).await;
     let store = stop(first, store).await;
-    // As a later procflow would write it: its envelope's format is 4.
+    // As a later procflow would write it: its envelope's format is 5.
     let mut value = store
         .store
         .get(y.get())
@@ -690,8 +690,8 @@ async fn a_record_of_a_newer_format_is_stuck_never_rewritten_and_requests_refuse
         .unwrap()
         .value
         .to_vec();
-    assert_eq!(value[0], 3);
-    value[0] = 4;
+    assert_eq!(value[0], 4);
+    value[0] = 5;
     store
         .store
         .commit(Batch::new().put(y.get(), None, value.clone()))

@@ -36,17 +36,33 @@ pub(super) async fn list<E: Send + Sync + 'static>(
     Ok(Json(records.cloned().collect()))
 }
 
+/// One procedure's record, with its data: `data` (JSON, redacted as its machine says, or
+/// `null`) and `data_note` (why it is `null`).
 pub(super) async fn record<E: Send + Sync + 'static>(
     State(shared): Shared_<E>,
     Path(id): Path<u64>,
-) -> Result<Json<ProcedureRecord>, ApiError> {
+) -> Result<Json<Value>, ApiError> {
     // Its children from the shared list's index: finding them in the table would scan
     // it, under the lock steps need, on every poll of an open procedure.
-    let record = shared.executor.record_alone(ProcedureId::new(id)).await?;
-    let mut record = record.ok_or_else(|| ApiError::not_found(id))?;
+    let read = shared
+        .executor
+        .record_and_data(ProcedureId::new(id))
+        .await?;
+    let (mut record, shown) = read.ok_or_else(|| ApiError::not_found(id))?;
     let snapshot = shared.summaries.get(&shared.executor).await;
     record.children = snapshot.children(id).to_vec();
-    Ok(Json(record))
+    let mut answer = serde_json::to_value(&record).map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("record #{id}: {e}"),
+        )
+    })?;
+    let (data, note) = shown.into_fields();
+    if let Value::Object(fields) = &mut answer {
+        fields.insert("data".into(), data);
+        fields.insert("data_note".into(), note);
+    }
+    Ok(Json(answer))
 }
 
 /// `{"mermaid": .., "svg": ..}`, both with the procedure's path drawn on its machine.

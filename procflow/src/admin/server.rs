@@ -60,6 +60,7 @@ impl<E: Send + Sync + 'static> Admin<E> {
     /// for example `metrics-exporter-prometheus`'s `PrometheusHandle::render`:
     ///
     /// ```no_run
+    /// # #[allow(dead_code)]
     /// # async fn run(executor: procflow::executor::Executor<()>) -> std::io::Result<()> {
     /// let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
     ///     .install_recorder()

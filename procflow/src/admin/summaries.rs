@@ -40,13 +40,18 @@ impl Serialize for Row {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let info = &self.0;
-        let mut map = serializer.serialize_map(Some(7))?;
+        let mut map = serializer.serialize_map(Some(9))?;
         map.serialize_entry("id", &info.id)?;
         map.serialize_entry("parent", &info.parent)?;
         map.serialize_entry("machine", info.machine)?;
         map.serialize_entry("state", info.state)?;
         map.serialize_entry("status", &StatusJson(&info.status))?;
         map.serialize_entry("steps", &info.steps)?;
+        map.serialize_entry(
+            "submitted_ms",
+            &crate::operator::ser::millis(&info.submitted),
+        )?;
+        map.serialize_entry("updated_ms", &crate::operator::ser::millis(&info.updated))?;
         map.serialize_entry("detail", &self.detail())?;
         map.end()
     }
@@ -191,7 +196,15 @@ pub(super) struct Snapshot {
     children: HashMap<u64, Vec<ProcedureId>>,
     /// Every machine, state and status name of its rows, once.
     names: Vec<&'static str>,
+    /// How many rows each filter asked of this snapshot matches ([`ListQuery::filter_key`]):
+    /// counting them takes a pass over every row, which pages that poll one filter then
+    /// pay once per snapshot, not once per poll. Emptied when it reaches
+    /// [`MATCHED_KEPT`] filters.
+    matched: Mutex<HashMap<String, usize>>,
 }
+
+/// The most filters whose match counts a snapshot keeps.
+const MATCHED_KEPT: usize = 256;
 
 impl Snapshot {
     fn build(version: u64, infos: Vec<ProcedureInfo>, started: Instant) -> Self {
@@ -204,6 +217,7 @@ impl Snapshot {
             by_machine: BTreeMap::new(),
             children: HashMap::new(),
             names: Vec::new(),
+            matched: Mutex::default(),
         };
         let mut names = std::collections::BTreeSet::new();
         let mut last_state: Option<&'static str> = None;
@@ -233,6 +247,21 @@ impl Snapshot {
     /// behind, at most).
     fn rebuild_after(&self) -> Duration {
         REBUILD_AT_MOST_EVERY.max(self.took * REBUILD_SHARE)
+    }
+
+    /// The match count of filter `key`, if a request counted it already.
+    fn matched(&self, key: &str) -> Option<usize> {
+        let counts = self.matched.lock().unwrap_or_else(|e| e.into_inner());
+        counts.get(key).copied()
+    }
+
+    /// Keeps the match count of filter `key`.
+    fn remember_matched(&self, key: String, count: usize) {
+        let mut counts = self.matched.lock().unwrap_or_else(|e| e.into_inner());
+        if counts.len() >= MATCHED_KEPT {
+            counts.clear();
+        }
+        counts.insert(key, count);
     }
 
     /// Procedure `id`'s children, by id (from memory: live ones and those finished
@@ -322,6 +351,14 @@ pub(super) struct ListQuery {
 }
 
 impl ListQuery {
+    /// The filter alone (not the order or the page), as a key of
+    /// [`Snapshot::matched`]: the text as the needle holds it (lower case, trimmed).
+    fn filter_key(&self, text: Option<&Needle>) -> String {
+        let part = |p: &Option<String>| p.as_deref().unwrap_or("\u{0}").to_owned();
+        let text = text.map_or("\u{0}", |n| n.text.as_str());
+        [part(&self.status), part(&self.machine), part(&self.state)].join("\u{1}") + "\u{1}" + text
+    }
+
     fn admits(&self, row: &Row, text: Option<&Needle>) -> bool {
         let is = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
         is(&self.status, row.0.status.name())
@@ -368,8 +405,9 @@ pub(super) async fn list<E: Send + Sync + 'static>(
     let needle = text.map(|text| Needle::new(text, &snapshot));
     let admitted = |row: &Row| query.admits(row, needle.as_ref());
     let rows = &snapshot.rows;
-    // Where the page starts: just after `after` (a binary search on the sorted ids). One
-    // pass over the rows both counts the matches and collects the page.
+    // Where the page starts: just after `after` (a binary search on the sorted ids). The
+    // first request of a filter on a snapshot counts its matches in the same pass that
+    // collects the page; later ones stop once the page is full.
     let (before, from): (&[Row], &[Row]) = if descending {
         let end = query
             .after
@@ -381,19 +419,28 @@ pub(super) async fn list<E: Send + Sync + 'static>(
             .map_or(0, |after| rows.partition_point(|r| r.id() <= after));
         (&rows[..start], &rows[start..])
     };
-    let mut matched = before.iter().filter(|row| admitted(row)).count();
+    let key = query.filter_key(needle.as_ref());
+    let known = snapshot.matched(&key);
     let mut page: Vec<&Row> = Vec::with_capacity(limit + 1);
     let ordered: Box<dyn Iterator<Item = &Row>> = if descending {
         Box::new(from.iter().rev())
     } else {
         Box::new(from.iter())
     };
+    let mut counted = 0;
     for row in ordered.filter(|row| admitted(row)) {
-        matched += 1;
+        counted += 1;
         if page.len() <= limit {
             page.push(row);
+        } else if known.is_some() {
+            break; // The count is known: the page (and whether there is a next) is all.
         }
     }
+    let matched = known.unwrap_or_else(|| {
+        let matched = counted + before.iter().filter(|row| admitted(row)).count();
+        snapshot.remember_matched(key, matched);
+        matched
+    });
     let next = (page.len() > limit).then(|| page[limit - 1].0.id);
     let page = &page[..page.len().min(limit)];
     Ok(Json(json!({

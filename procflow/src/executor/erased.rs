@@ -63,6 +63,9 @@ pub(crate) trait DynProcedure<E>: Send {
     /// The locks its data declares; `None` while the data is still stored (its envelope
     /// recorded them).
     fn locks(&self) -> Option<Result<Locks, LockKeyError>>;
+    /// Its summary for operators (`describe`); `None` while the data is still stored
+    /// (its envelope keeps the last one).
+    fn describe(&self) -> Option<Option<String>>;
     /// Why this build must neither run nor rewrite it, if so: its snapshot is of a
     /// newer format than this build writes, or its cursor names a state this build does
     /// not know.
@@ -136,6 +139,9 @@ impl<M: StateMachine> DynProcedure<M::Env> for Lazy<M> {
     fn locks(&self) -> Option<Result<Locks, LockKeyError>> {
         self.procedure().map(M::locks)
     }
+    fn describe(&self) -> Option<Option<String>> {
+        self.procedure().map(M::describe)
+    }
     fn read_only(&self) -> Option<String> {
         Lazy::newer_format(self).map(|newer| newer.to_string())
     }
@@ -177,6 +183,9 @@ struct Machine<E> {
     type_id: TypeId,
     load: Loader<E>,
     load_lazy: LazyLoader<E>,
+    /// Its data as the admin shows it.
+    #[cfg(feature = "admin")]
+    shown: fn(&[u8]) -> crate::admin::data::Shown,
 }
 
 /// The machines an executor can run, by stable name.
@@ -202,6 +211,8 @@ impl<E: Send + Sync + 'static> Registry<E> {
             type_id: TypeId::of::<M>(),
             load: load::<M>,
             load_lazy: load_lazy::<M>,
+            #[cfg(feature = "admin")]
+            shown: crate::admin::data::shown::<M>,
         };
         if let Some(previous) = self.machines.insert(M::NAME, machine) {
             // Registering the same machine twice is harmless; two machines, one name is not.
@@ -244,6 +255,15 @@ impl<E: Send + Sync + 'static> Registry<E> {
     ) -> Result<Box<dyn DynProcedure<E>>, (String, String)> {
         let (name, machine) = self.machine_of(snapshot)?;
         (machine.load_lazy)(snapshot).map_err(|e| (name, e.to_string()))
+    }
+
+    /// A stored snapshot's data as the admin shows it.
+    #[cfg(feature = "admin")]
+    pub(crate) fn shown(&self, snapshot: &[u8]) -> crate::admin::data::Shown {
+        match self.machine_of(snapshot) {
+            Ok((_, machine)) => (machine.shown)(snapshot),
+            Err((_, why)) => crate::admin::data::Shown::Not(why),
+        }
     }
 
     /// The registered machine a snapshot names, with its name.

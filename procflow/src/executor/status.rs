@@ -107,6 +107,7 @@ pub(crate) fn status_of<'a>(phase: &'a Phase, envelope: &Envelope) -> (Status, O
 /// A snapshot of one procedure, as [`Executor::state`](super::Executor::state),
 /// [`list`](super::Executor::list) and [`subscribe`](super::Executor::subscribe) report it.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ProcedureInfo {
     /// Its id.
     pub id: ProcedureId,
@@ -123,6 +124,10 @@ pub struct ProcedureInfo {
     /// The original failure while rolling back or once failed; the last retried error
     /// while a step is being retried.
     pub error: Option<Error>,
+    /// When it was submitted.
+    pub submitted: std::time::SystemTime,
+    /// When its record was last written (as of this snapshot).
+    pub updated: std::time::SystemTime,
 }
 
 impl ProcedureInfo {

@@ -43,6 +43,7 @@ where
         .map(|t| now_ms().saturating_add(u64::try_from(t.as_millis()).unwrap_or(u64::MAX)));
     let locks = M::locks(&instance.procedure).unwrap_or_default();
     let mut envelope = Envelope::new(options.nonce.clone(), deadline_ms, &locks);
+    envelope.summary = M::describe(&instance.procedure);
     let value = envelope
         .encode(|out| crate::codec::encode_into(&instance.procedure, &instance.cursor, out))?;
     let claim = match &options.nonce {

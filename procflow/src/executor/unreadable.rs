@@ -117,6 +117,9 @@ impl<E> DynProcedure<E> for Unreadable {
     fn locks(&self) -> Option<Result<Locks, LockKeyError>> {
         None
     }
+    fn describe(&self) -> Option<Option<String>> {
+        None
+    }
     fn read_only(&self) -> Option<String> {
         Some(self.why.clone())
     }

@@ -63,6 +63,31 @@ impl<E: Send + Sync + 'static> Executor<E> {
         &self,
         id: ProcedureId,
     ) -> Result<Option<ProcedureRecord>, ExecutorError> {
+        Ok(self.stored_record(id).await?.map(|(record, _)| record))
+    }
+
+    /// [`record_alone`](Self::record_alone), with the procedure's data as the admin
+    /// shows it (decoded from the same read).
+    #[cfg(feature = "admin")]
+    pub(crate) async fn record_and_data(
+        &self,
+        id: ProcedureId,
+    ) -> Result<Option<(ProcedureRecord, crate::admin::data::Shown)>, ExecutorError> {
+        let Some((record, stored)) = self.stored_record(id).await? else {
+            return Ok(None);
+        };
+        let shown = match crate::stored::record::Envelope::decode(&stored.value) {
+            Ok((_, snapshot)) => self.inner.registry.shown(snapshot),
+            Err(why) => crate::admin::data::Shown::Not(why),
+        };
+        Ok(Some((record, shown)))
+    }
+
+    /// Procedure `id`'s record, read by key, with the stored record it came from.
+    async fn stored_record(
+        &self,
+        id: ProcedureId,
+    ) -> Result<Option<(ProcedureRecord, procflow_store::Record)>, ExecutorError> {
         let stored = self.inner.store.get(id.get()).await;
         let Some(stored) = stored.map_err(|e| ExecutorError::Store(Arc::new(e)))? else {
             return Ok(None);
@@ -72,7 +97,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
                 key: format!("procedure #{id}: {reason}"),
             })?;
         self.overlay(&mut record, &self.live_locks());
-        Ok(Some(record))
+        Ok(Some((record, stored)))
     }
 
     /// How many procedure snapshots have changed in this process so far: a list built at

@@ -98,6 +98,8 @@ mod tests {
             state: "S",
             steps,
             error: None,
+            submitted: std::time::SystemTime::UNIX_EPOCH,
+            updated: std::time::SystemTime::UNIX_EPOCH,
         }
     }
 

@@ -135,6 +135,10 @@ pub struct ProcedureRecord {
     pub abort_requested: Option<String>,
     /// Set once an operator bypassed it.
     pub bypass: Option<Bypass>,
+    /// The procedure's own summary for operators (its handlers' `describe`), as of its
+    /// last write; stored with the record, so it is known without the procedure's type.
+    #[serde(default)]
+    pub summary: Option<String>,
 }
 
 impl ProcedureRecord {
@@ -208,6 +212,7 @@ impl ProcedureRecord {
                 reason: b.reason.clone(),
                 at: time_of(b.at_ms),
             }),
+            summary: envelope.summary.clone(),
         };
         Ok((read, holds_locks && guessed))
     }

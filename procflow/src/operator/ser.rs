@@ -9,7 +9,7 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serializer};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-fn millis(time: &SystemTime) -> u64 {
+pub(crate) fn millis(time: &SystemTime) -> u64 {
     time.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

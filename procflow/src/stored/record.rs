@@ -26,7 +26,15 @@ use std::borrow::Cow;
 /// its locks, no length) are still read. From version 3 on, the envelope's length
 /// follows the version: a later version appends fields and stays readable, as far as
 /// this build knows it, by this build (which then neither runs nor rewrites the record).
-pub(crate) const ENVELOPE_VERSION: u8 = 3;
+pub(crate) const ENVELOPE_VERSION: u8 = 4;
+
+/// The first version whose envelope has a length (and so may be followed, inside that
+/// length, by fields a later version appends).
+const SIZED_SINCE: u8 = 3;
+
+/// The first envelope version that stores the procedure's summary (`describe`), after
+/// the history.
+const SUMMARY_SINCE: u8 = 4;
 
 /// The first envelope version that records the procedure's locks.
 const LOCKS_SINCE: u8 = 2;
@@ -136,6 +144,10 @@ pub(crate) struct Envelope {
     /// appends it from the encoding the history keeps (see [`History::write_to`]).
     #[serde(serialize_with = "appended_by_encode")]
     pub(crate) history: History,
+    // Version 4 from here: after the history, so written and read by hand.
+    /// The procedure's own summary for operators (`describe`), as of this write.
+    #[serde(skip)]
+    pub(crate) summary: Option<String>,
 }
 
 /// Writes nothing (postcard writes no bytes for a unit): `encode_as_is` appends the
@@ -194,6 +206,7 @@ impl From<EnvelopeV2> for Envelope {
             bypass: v2.bypass,
             holds_locks: None,
             history: v2.history,
+            summary: None,
         }
     }
 }
@@ -244,6 +257,7 @@ impl Envelope {
             bypass: None,
             holds_locks: Some(false),
             history: History::default(),
+            summary: None,
         }
     }
 
@@ -314,7 +328,8 @@ impl Envelope {
         scratch.push(ENVELOPE_VERSION);
         let body = scratch.len();
         let out = postcard::to_extend(self, scratch).map_err(failed)?;
-        let mut out = self.history.write_to(out).map_err(failed)?;
+        let out = self.history.write_to(out).map_err(failed)?;
+        let mut out = postcard::to_extend(&self.summary, out).map_err(failed)?;
         insert_length(&mut out, body);
         let mut out = encode_snapshot(out)?;
         let value = out.to_vec();
@@ -340,10 +355,15 @@ impl Envelope {
                 Ok((v2.into(), snapshot))
             }
             // This build's version, or a later one, which appends to the fields it knows.
-            Some(&version) if version >= ENVELOPE_VERSION => {
+            // A sized envelope: this build's version, an older sized one, or a later one,
+            // which appends to the fields this build knows.
+            Some(&version) if version >= SIZED_SINCE => {
                 let (body, snapshot) = take_sized(&bytes[1..]).map_err(unreadable)?;
-                let (mut envelope, _) =
+                let (mut envelope, rest) =
                     postcard::take_from_bytes::<Self>(body).map_err(unreadable)?;
+                if version >= SUMMARY_SINCE {
+                    envelope.summary = postcard::take_from_bytes(rest).map_err(unreadable)?.0;
+                }
                 envelope.version = version;
                 Ok((envelope, snapshot))
             }
@@ -438,13 +458,13 @@ mod tests {
         let mut bytes = envelope.encode(Ok).unwrap();
         let (body, _) = take_sized(&bytes[1..]).unwrap();
         let mut body = body.to_vec();
-        body.extend_from_slice(&[0xAB, 0xCD]); // Version 4's new fields.
-        let mut newer = vec![4u8];
+        body.extend_from_slice(&[0xAB, 0xCD]); // The next version's new fields.
+        let mut newer = vec![ENVELOPE_VERSION + 1];
         newer.extend_from_slice(&body);
         insert_length(&mut newer, 1);
         newer.extend_from_slice(b"snapshot");
         let (read, rest) = Envelope::decode(&newer).unwrap();
-        assert_eq!(read.version, 4);
+        assert_eq!(read.version, ENVELOPE_VERSION + 1);
         assert_eq!(read.nonce.as_deref(), Some("n"));
         assert_eq!(read.holds_locks, Some(true));
         assert_eq!(rest, b"snapshot");
@@ -453,6 +473,32 @@ mod tests {
             Envelope::decode(&bytes).unwrap().0.version,
             ENVELOPE_VERSION
         );
+    }
+
+    /// Version 4 stores the procedure's summary after the history; a version 3 envelope
+    /// (the same body without it) reads as having none.
+    #[test]
+    fn the_summary_round_trips_and_a_version_3_envelope_has_none() {
+        let mut envelope = Envelope::new(None, None, &Locks::none());
+        envelope.note("Prepare", StepKind::Execute, StepOutcome::Moved, 8);
+        envelope.summary = Some("table users, 4 regions".into());
+        let bytes = envelope.encode(Ok).unwrap();
+        assert_eq!(Envelope::decode(&bytes).unwrap().0, envelope);
+
+        envelope.summary = None;
+        let bytes = envelope.encode(Ok).unwrap();
+        let (body, _) = take_sized(&bytes[1..]).unwrap();
+        assert_eq!(body.last(), Some(&0), "`None`, the body's last byte");
+        let mut v3 = vec![3u8];
+        v3.extend_from_slice(&body[..body.len() - 1]);
+        insert_length(&mut v3, 1);
+        v3.extend_from_slice(b"snapshot");
+        let (read, rest) = Envelope::decode(&v3).unwrap();
+        assert_eq!(
+            (read.version, read.summary, rest),
+            (3, None, &b"snapshot"[..])
+        );
+        assert_eq!(read.history, envelope.history);
     }
 
     #[test]

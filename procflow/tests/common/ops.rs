@@ -101,6 +101,9 @@ impl JobStateHandlers for Job {
         let locks = self.lock.iter().map(Lock::exclusive);
         Ok(Locks::new(locks.collect::<Result<Vec<_>, _>>()?))
     }
+    fn describe(&self) -> Option<String> {
+        Some(format!("job {}", self.name))
+    }
 }
 
 /// An executor of `JobState` on the WAL in `dir`, retrying within milliseconds.

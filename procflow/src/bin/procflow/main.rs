@@ -24,7 +24,7 @@ use procflow::ProcedureId;
 use procflow::operator::{Catalog, ProcedureRecord};
 use procflow::store::WalStore;
 use std::process::ExitCode;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -41,6 +41,35 @@ fn run(cli: Cli) -> Result<(), String> {
     let json = cli.json;
     let token = cli.token.as_deref();
     match cli.command {
+        // Reads through the admin API: from the executor's memory, or by key.
+        Command::List { at, filter } if at.url.is_some() => {
+            let url = at.url.as_deref().unwrap_or_default();
+            let (status, machine) = (filter.status.as_deref(), filter.machine.as_deref());
+            let mut rows = remote::list(url, token, status, machine)?;
+            if let Some(age) = filter.older_than {
+                let limit = SystemTime::now() - age.0;
+                let ms = |r: &serde_json::Value| r["submitted_ms"].as_u64().unwrap_or(0);
+                rows.retain(|r| std::time::UNIX_EPOCH + Duration::from_millis(ms(r)) <= limit);
+            }
+            print::rows(&rows, json);
+        }
+        Command::Show { id, at } if at.url.is_some() => {
+            let url = at.url.as_deref().unwrap_or_default();
+            print::show(None, &remote::record(url, token, id)?, json);
+        }
+        Command::History { id, at } if at.url.is_some() => {
+            let url = at.url.as_deref().unwrap_or_default();
+            print::history(&remote::record(url, token, id)?, json);
+        }
+        Command::Diagram { id, at } if at.url.is_some() => {
+            let url = at.url.as_deref().unwrap_or_default();
+            print!("{}", remote::diagram(url, token, id)?);
+        }
+        Command::Locks { at } if at.url.is_some() => {
+            let url = at.url.as_deref().unwrap_or_default();
+            print::locks(&remote::held_locks(url, token)?, json);
+        }
+        // Reads of a store directory.
         Command::List { at, filter } => {
             let catalog = read(&at, token)?;
             let records = select(&catalog, &filter)?;
@@ -49,7 +78,7 @@ fn run(cli: Cli) -> Result<(), String> {
         }
         Command::Show { id, at } => {
             let catalog = read(&at, token)?;
-            print::show(&catalog, record(&catalog, id)?, json);
+            print::show(Some(&catalog), record(&catalog, id)?, json);
         }
         Command::History { id, at } => {
             let catalog = read(&at, token)?;
@@ -66,7 +95,7 @@ fn run(cli: Cli) -> Result<(), String> {
             })?;
             print!("{diagram}");
         }
-        Command::Locks { at } => print::locks(&read(&at, token)?, json),
+        Command::Locks { at } => print::locks(&read(&at, token)?.held_locks(), json),
         Command::Abort { target, at } => {
             act::abort(&at, token, &target, |catalog| {
                 select_ids(catalog, &target.ids, &target.filter)

@@ -21,12 +21,41 @@ pub fn list(records: &[&ProcedureRecord], json: bool) {
             detail(r),
         ]
     });
-    table(
-        &[
-            "ID", "MACHINE", "STATE", "STATUS", "STEPS", "PARENT", "UPDATED", "DETAIL",
-        ],
-        rows.collect(),
-    );
+    table(&LIST_COLUMNS, rows.collect());
+}
+
+/// The columns of a list, from the store or from the admin API.
+const LIST_COLUMNS: [&str; 8] = [
+    "ID", "MACHINE", "STATE", "STATUS", "STEPS", "PARENT", "UPDATED", "DETAIL",
+];
+
+/// The list as `/api/summaries` gives it (`--url`): the same columns as [`list`].
+pub fn rows(rows: &[serde_json::Value], json: bool) {
+    if json {
+        return print_json(&rows);
+    }
+    let text = |value: &serde_json::Value| match value {
+        serde_json::Value::String(text) => text.clone(),
+        serde_json::Value::Null => "-".to_owned(),
+        other => other.to_string(),
+    };
+    let time = |value: &serde_json::Value| {
+        let ms = value.as_u64().unwrap_or(0);
+        clock(std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms))
+    };
+    let rows = rows.iter().map(|r| {
+        vec![
+            text(&r["id"]),
+            text(&r["machine"]),
+            text(&r["state"]),
+            text(&r["status"]["name"]),
+            text(&r["steps"]),
+            text(&r["parent"]),
+            time(&r["updated_ms"]),
+            text(&r["detail"]),
+        ]
+    });
+    table(&LIST_COLUMNS, rows.collect());
 }
 
 pub fn unreadable(unreadable: &[(ProcedureId, String)]) {
@@ -35,13 +64,18 @@ pub fn unreadable(unreadable: &[(ProcedureId, String)]) {
     }
 }
 
-pub fn show(catalog: &Catalog, record: &ProcedureRecord, json: bool) {
+/// One procedure in full; its descendants from `catalog` (without one, from `--url`,
+/// its children by id).
+pub fn show(catalog: Option<&Catalog>, record: &ProcedureRecord, json: bool) {
     if json {
         return print_json(record);
     }
     let field = |name: &str, value: String| println!("{name:<12} {value}");
     field("id", record.id.to_string());
     field("machine", record.machine.clone());
+    if let Some(summary) = &record.summary {
+        field("summary", summary.clone());
+    }
     field("status", record.status.name().to_owned());
     field("state", record.state.clone());
     field("steps", record.steps.to_string());
@@ -95,7 +129,7 @@ pub fn show(catalog: &Catalog, record: &ProcedureRecord, json: bool) {
 }
 
 /// The procedure and its descendants, indented.
-fn tree(catalog: &Catalog, record: &ProcedureRecord, depth: usize) {
+fn tree(catalog: Option<&Catalog>, record: &ProcedureRecord, depth: usize) {
     println!(
         "{:indent$}{} {} {} ({})",
         "",
@@ -105,9 +139,11 @@ fn tree(catalog: &Catalog, record: &ProcedureRecord, depth: usize) {
         record.status.name(),
         indent = depth * 2
     );
-    for child in &record.children {
-        if let Some(child) = catalog.get(*child) {
-            tree(catalog, child, depth + 1);
+    for &child in &record.children {
+        match catalog.and_then(|catalog| catalog.get(child)) {
+            Some(child) => tree(catalog, child, depth + 1),
+            None if catalog.is_none() => println!("{:indent$}{child}", "", indent = depth * 2 + 2),
+            None => {}
         }
     }
 }
@@ -130,8 +166,7 @@ pub fn history(record: &ProcedureRecord, json: bool) {
     table(&["AT", "KIND", "STATE", "OUTCOME"], rows.collect());
 }
 
-pub fn locks(catalog: &Catalog, json: bool) {
-    let held = catalog.held_locks();
+pub fn locks(held: &[(ProcedureId, procflow::locks::Lock)], json: bool) {
     if json {
         #[derive(Serialize)]
         struct Held<'a> {

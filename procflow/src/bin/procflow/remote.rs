@@ -1,9 +1,88 @@
 //! `--url`: the same commands through a running executor's admin API
-//! (`procflow::admin`): reads fetch its catalog, writes post its requests, which it
-//! carries out at once.
+//! (`procflow::admin`). Reads use the endpoints the page uses, which answer from the
+//! executor's memory or by key: `list` pages through `/api/summaries`, `show`,
+//! `history` and `diagram` read one procedure by id, `locks` reads `/api/locks`. Writes
+//! post their requests, which it carries out at once; selecting the procedures of a
+//! bulk write by filter reads its catalog.
 
-use procflow::operator::{Action, Catalog, Request};
+use procflow::ProcedureId;
+use procflow::locks::Lock;
+use procflow::operator::{Action, Catalog, ProcedureRecord, Request};
 use serde_json::{Value, json};
+
+/// Rows asked per page of `/api/summaries` (its most).
+const PAGE: usize = 1000;
+
+/// Every row of the list that the server's filters pass, page after page (`GET
+/// /api/summaries?status=&machine=`), as the API writes them.
+pub fn list(
+    url: &str,
+    token: Option<&str>,
+    status: Option<&str>,
+    machine: Option<&str>,
+) -> Result<Vec<Value>, String> {
+    let mut query = format!("limit={PAGE}");
+    for (key, value) in [("status", status), ("machine", machine)] {
+        if let Some(value) = value {
+            query.push_str(&format!("&{key}={}", escape(value)));
+        }
+    }
+    let mut rows = Vec::new();
+    let mut after: Option<u64> = None;
+    loop {
+        let page = after.map_or(String::new(), |id| format!("&after={id}"));
+        let body = get(url, &format!("api/summaries?{query}{page}"), token)?;
+        let Some(page_rows) = body["rows"].as_array() else {
+            return Err(format!(
+                "{url} answered a list this CLI cannot read: {body}"
+            ));
+        };
+        rows.extend(page_rows.iter().cloned());
+        match body["next"].as_u64() {
+            Some(next) => after = Some(next),
+            None => return Ok(rows),
+        }
+    }
+}
+
+/// One procedure's record, read by id (`GET /api/procedures/{id}`).
+pub fn record(url: &str, token: Option<&str>, id: u64) -> Result<ProcedureRecord, String> {
+    let body = get(url, &format!("api/procedures/{id}"), token)?;
+    serde_json::from_value(body)
+        .map_err(|e| format!("{url} answered a record this CLI cannot read: {e}"))
+}
+
+/// Procedure `id`'s machine in Mermaid, its path drawn on it.
+pub fn diagram(url: &str, token: Option<&str>, id: u64) -> Result<String, String> {
+    let body = get(url, &format!("api/procedures/{id}/diagram"), token)?;
+    body["mermaid"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("{url} answered a diagram without Mermaid: {body}"))
+}
+
+/// The locks held now, with their holders (`GET /api/locks`).
+pub fn held_locks(url: &str, token: Option<&str>) -> Result<Vec<(ProcedureId, Lock)>, String> {
+    let body = get(url, "api/locks", token)?;
+    let held = body["held"].as_array().cloned().unwrap_or_default();
+    held.into_iter()
+        .map(|entry| {
+            let id = entry["id"].as_u64().map(ProcedureId::new);
+            let lock = serde_json::from_value(entry["lock"].clone()).ok();
+            id.zip(lock)
+                .ok_or_else(|| format!("{url} answered locks this CLI cannot read: {entry}"))
+        })
+        .collect()
+}
+
+/// A GET that must answer 200.
+fn get(url: &str, path: &str, token: Option<&str>) -> Result<Value, String> {
+    let (status, body) = call(url, path, token, None)?;
+    if status != 200 {
+        return Err(error_of(status, &body));
+    }
+    Ok(body)
+}
 
 /// The executor's live catalog (`GET /api/catalog`), with `token` if given (an admin with
 /// a read token wants one).

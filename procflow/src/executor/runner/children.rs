@@ -48,6 +48,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
                 .map_err(|_| Exit)?;
             let locks = procedure.locks().and_then(Result::ok).unwrap_or_default();
             let mut envelope = Envelope::new(None, None, &locks);
+            envelope.summary = procedure.describe().flatten();
             let value = envelope
                 .encode(|mut out| {
                     out.extend_from_slice(child.snapshot());

@@ -263,6 +263,8 @@ pub(crate) fn describe<E>(
         state: procedure.state(),
         steps: procedure.steps(),
         error: cause.or(last_error).cloned(),
+        submitted: crate::stored::history::time_of(envelope.submitted_ms),
+        updated: crate::stored::history::time_of(envelope.updated_ms),
     }
 }
 
@@ -802,6 +804,9 @@ impl<E: Send + Sync + 'static> Runner<E> {
         // locks back right after this write).
         self.envelope.holds_locks =
             Some(self.holds_for_life() && self.envelope.finished_ms.is_none());
+        if let Some(summary) = self.procedure.describe() {
+            self.envelope.summary = summary;
+        }
         match self.envelope.encode(|out| self.procedure.encode_into(out)) {
             Ok(value) => Ok(value),
             Err(error) => {
