@@ -10,7 +10,7 @@
 //!
 //! | Method and path                  | Answer                                                  |
 //! |----------------------------------|---------------------------------------------------------|
-//! | `GET /api/summaries`             | one page of the list from memory: `?status=&machine=&state=&q=&order=asc\|desc&after=ID&limit=N&since=V`; rows without history, counts per status and machine, `next`, `version` (see below) |
+//! | `GET /api/summaries`             | one page of the list from memory: `?status=&machine=&state=&q=&order=asc\|desc&after=ID&limit=N&since=V`; rows (`id`, `parent`, `machine`, `state`, `status`, `steps`, `submitted_ms`, `updated_ms`, `detail`), counts per status and machine, `matched`, `next`, `version` (see below) |
 //! | `GET /api/procedures`            | every [`ProcedureRecord`](crate::operator::ProcedureRecord), read from the store (the whole store: prefer `summaries` for a list); `?status=stuck&machine=job` filter |
 //! | `GET /api/procedures/{id}`       | one record (404 if the store does not hold it), read by key, with `data`: the procedure's data as JSON (redacted as its machine says, `null` if it hides it) and `data_note` (why `data` is `null`) |
 //! | `GET /api/procedures/{id}/diagram` | `{"mermaid": .., "svg": ..}`: its machine with its path drawn on it |
