@@ -239,6 +239,22 @@ async fn without_a_token_the_admin_is_read_only() {
 /// Sends `head` (a request's start line and headers, without the blank line) and
 /// `body` on a raw connection, and returns what the server answered within 3 s: the
 /// status code and the whole answer.
+/// A GET of `path` with `token` as a bearer token (none if empty), through [`raw`].
+/// (The head is built before the future, which then borrows nothing.)
+fn raw_get(
+    addr: SocketAddr,
+    path: &str,
+    token: &str,
+) -> impl std::future::Future<Output = (u16, String)> + use<> {
+    let auth = if token.is_empty() {
+        String::new()
+    } else {
+        format!("\r\nAuthorization: Bearer {token}")
+    };
+    let head = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1{auth}");
+    raw(addr, head, vec![])
+}
+
 async fn raw(addr: SocketAddr, head: String, body: Vec<u8>) -> (u16, String) {
     tokio::task::spawn_blocking(move || {
         use std::io::{Read, Write};
@@ -352,18 +368,7 @@ async fn a_read_token_guards_reads_and_cannot_mutate() {
         .await
         .unwrap();
     let addr = server.local_addr();
-    let get = |path: &str, token: &str| {
-        let auth = if token.is_empty() {
-            String::new()
-        } else {
-            format!("\r\nAuthorization: Bearer {token}")
-        };
-        raw(
-            addr,
-            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1{auth}"),
-            vec![],
-        )
-    };
+    let get = |path: &str, token: &str| raw_get(addr, path, token);
     assert_eq!(get("/api/procedures", "").await.0, 401);
     assert_eq!(get("/api/procedures", "wrong").await.0, 401);
     assert_eq!(get("/api/procedures", "r3ader").await.0, 200);
@@ -399,18 +404,7 @@ async fn metrics_are_served_from_the_applications_recorder() {
         .serve()
         .await
         .unwrap();
-    let get = |addr: SocketAddr, token: &str| {
-        let auth = if token.is_empty() {
-            String::new()
-        } else {
-            format!("\r\nAuthorization: Bearer {token}")
-        };
-        raw(
-            addr,
-            format!("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1{auth}"),
-            vec![],
-        )
-    };
+    let get = |addr: SocketAddr, token: &str| raw_get(addr, "/metrics", token);
     assert_eq!(get(plain.local_addr(), "").await.0, 404, "not asked for");
     plain.shutdown().bounded().await.unwrap();
 
