@@ -98,6 +98,15 @@ async fn cli_reads_and_acts_through_the_admin_api() {
         Outcome::RolledBack(_)
     ));
     assert_eq!(log.count("undo reserve alpha"), 1);
+    // A list right after shows it: the CLI asks for a list with every change so far,
+    // not the one the polling pages share (which may be a rebuild behind).
+    let (ok, out, err) = procflow(&["list", "--status", "rolled-back"], &url).await;
+    assert!(ok, "{err}");
+    assert!(
+        out.lines()
+            .any(|line| line.starts_with(&format!("{} ", alpha.get()))),
+        "{out}"
+    );
 
     let (ok, _, err) = procflow(&["list"], "http://127.0.0.1:9").await;
     assert!(!ok && err.contains("cannot reach the admin API"), "{err}");

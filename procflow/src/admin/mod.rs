@@ -10,7 +10,7 @@
 //!
 //! | Method and path                  | Answer                                                  |
 //! |----------------------------------|---------------------------------------------------------|
-//! | `GET /api/summaries`             | one page of the list from memory: `?status=&machine=&state=&q=&order=asc\|desc&after=ID&limit=N&since=V`; rows (`id`, `parent`, `machine`, `state`, `status`, `steps`, `submitted_ms`, `updated_ms`, `detail`), counts per status and machine, `matched`, `next`, `version` (see below) |
+//! | `GET /api/summaries`             | one page of the list from memory: `?status=&machine=&state=&q=&order=asc\|desc&after=ID&limit=N&since=V&fresh=true`; rows (`id`, `parent`, `machine`, `state`, `status`, `steps`, `submitted_ms`, `updated_ms`, `detail`), counts per status and machine, `matched`, `next`, `version` (see below) |
 //! | `GET /api/procedures`            | every [`ProcedureRecord`](crate::operator::ProcedureRecord), read from the store (the whole store: prefer `summaries` for a list); `?status=stuck&machine=job` filter |
 //! | `GET /api/procedures/{id}`       | one record (404 if the store does not hold it), read by key, with `data`: the procedure's data as JSON (redacted as its machine says, `null` if it hides it) and `data_note` (why `data` is `null`) |
 //! | `GET /api/procedures/{id}/diagram` | `{"mermaid": .., "svg": ..}`: its machine with its path drawn on it |
@@ -26,7 +26,9 @@
 //! second, and no more often than ten times the time a rebuild takes (a million
 //! procedures: a few seconds), so polling pages take at most a tenth of a core from the
 //! steps. With `since` equal to the list's current `version` the answer is
-//! `{"version", "unchanged": true}` and costs a comparison. The text filter `q` looks in
+//! `{"version", "unchanged": true}` and costs a comparison. With `fresh=true` (what
+//! `procflow --url list` sends) the answer has every change made before the request: a
+//! snapshot is built then if the one in hand is older, whatever the rate limit. The text filter `q` looks in
 //! ids, machine, state and status names, events and errors (ASCII letters without case).
 //!
 //! A `POST` carries out a durable [`Request`](crate::operator::Request) through

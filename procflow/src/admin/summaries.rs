@@ -316,6 +316,30 @@ impl Cache {
         built
     }
 
+    /// A snapshot with every change made before the call: the one in hand if nothing
+    /// changed since it was built, else one built now (not rate-limited: for one-off
+    /// readers, not for pages that poll).
+    pub(super) async fn fresh<E: Send + Sync + 'static>(
+        &self,
+        executor: &crate::executor::Executor<E>,
+    ) -> Arc<Snapshot> {
+        if let Some(snapshot) = self.in_hand() {
+            if snapshot.version == executor.changes() {
+                return snapshot;
+            }
+        }
+        let executor = executor.clone();
+        let built = tokio::task::spawn_blocking(move || Arc::new(build(&executor)))
+            .await
+            .expect("building a snapshot does not panic");
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        // A newer one may have landed meanwhile: keep the newest.
+        if current.as_ref().is_none_or(|c| c.version <= built.version) {
+            *current = Some(Arc::clone(&built));
+        }
+        built
+    }
+
     fn in_hand(&self) -> Option<Arc<Snapshot>> {
         self.current
             .lock()
@@ -348,6 +372,11 @@ pub(super) struct ListQuery {
     /// The `version` of the list the caller shows: if nothing changed since, the answer
     /// says so and carries no rows.
     since: Option<u64>,
+    /// `fresh=true`: answer from a list that has every change made before the request
+    /// (built now if the one in hand is older), as a one-off reader such as the CLI
+    /// wants; a polling page leaves it out and may be a rebuild behind.
+    #[serde(default)]
+    fresh: bool,
 }
 
 impl ListQuery {
@@ -380,7 +409,7 @@ pub(super) async fn list<E: Send + Sync + 'static>(
             axum::http::StatusCode::BAD_REQUEST,
             format!(
                 "{e}; the parameters are status, machine, state, q, order (asc or desc), \
-                 after, limit and since"
+                 after, limit, since and fresh"
             ),
         )
     })?;
@@ -394,7 +423,11 @@ pub(super) async fn list<E: Send + Sync + 'static>(
             ));
         }
     };
-    let snapshot = shared.summaries.get(&shared.executor).await;
+    let snapshot = if query.fresh {
+        shared.summaries.fresh(&shared.executor).await
+    } else {
+        shared.summaries.get(&shared.executor).await
+    };
     if query.since == Some(snapshot.version) {
         return Ok(Json(
             json!({ "version": snapshot.version, "unchanged": true }),

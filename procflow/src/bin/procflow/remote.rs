@@ -30,7 +30,9 @@ pub fn list(
     let mut rows = Vec::new();
     let mut after: Option<u64> = None;
     loop {
-        let page = after.map_or(String::new(), |id| format!("&after={id}"));
+        // The first page from a list with every change made so far (a list that pages
+        // poll may be a rebuild behind); the next pages from the same or a newer one.
+        let page = after.map_or("&fresh=true".to_owned(), |id| format!("&after={id}"));
         let body = get(url, &format!("api/summaries?{query}{page}"), token)?;
         let Some(page_rows) = body["rows"].as_array() else {
             return Err(format!(
