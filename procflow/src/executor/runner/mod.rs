@@ -479,7 +479,10 @@ impl<E: Send + Sync + 'static> Runner<E> {
                     name: event,
                     until_ms,
                 };
-                self.persist(WriteKind::Suspend).await
+                // Stored, not published: `await_event` publishes it suspended once it has
+                // left the admission count, so that a caller who sees it waiting can
+                // submit at once (`Config::queue_capacity` no longer counts it).
+                self.store(WriteKind::Suspend).await
             }
             DynProgress::Yielded => {
                 tokio::task::yield_now().await;
@@ -716,12 +719,18 @@ impl<E: Send + Sync + 'static> Runner<E> {
         Ok(())
     }
 
+    /// Stores the procedure's record and publishes its new status.
     async fn persist(&mut self, kind: WriteKind) -> Result<(), Exit> {
-        let value = self.encode().await?;
-        self.commit(kind, Batch::new().put(self.id, self.parent, value))
-            .await?;
+        self.store(kind).await?;
         self.publish();
         Ok(())
+    }
+
+    /// Stores the procedure's record.
+    async fn store(&mut self, kind: WriteKind) -> Result<(), Exit> {
+        let value = self.encode().await?;
+        self.commit(kind, Batch::new().put(self.id, self.parent, value))
+            .await
     }
 
     // `&mut self`: a shared `&Runner` is not `Send` (the boxed procedure is not `Sync`).
