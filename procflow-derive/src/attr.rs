@@ -508,16 +508,13 @@ fn parse_name(cx: &Ctxt, meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<L
 
 /// `show_data = false` (or `true`).
 fn parse_bool(meta: &syn::meta::ParseNestedMeta<'_>) -> syn::Result<bool> {
+    const EXPECTED: &str =
+        "expected `true` or `false`: `show_data = false` hides the data from operators";
     let value = meta.value()?;
     match value.parse::<syn::Lit>() {
         Ok(syn::Lit::Bool(flag)) => Ok(flag.value),
-        Ok(other) => Err(syn::Error::new_spanned(
-            other,
-            "expected `true` or `false`: `show_data = false` hides the data from operators",
-        )),
-        Err(_) => Err(value.error(
-            "expected `true` or `false`: `show_data = false` hides the data from operators",
-        )),
+        Ok(other) => Err(syn::Error::new_spanned(other, EXPECTED)),
+        Err(_) => Err(value.error(EXPECTED)),
     }
 }
 

@@ -69,12 +69,9 @@ fn redact(value: &mut Value, path: &[&str]) {
                 }
             } else {
                 // An externally tagged enum: `{"Variant": {..fields}}`.
-                for inner in fields.values_mut().filter(|v| v.is_object()) {
-                    if let Value::Object(inner_fields) = inner {
-                        if inner_fields.contains_key(*first) {
-                            redact(inner, path);
-                        }
-                    }
+                let has_field = |v: &Value| v.as_object().is_some_and(|o| o.contains_key(*first));
+                for inner in fields.values_mut().filter(|v| has_field(v)) {
+                    redact(inner, path);
                 }
             }
         }

@@ -297,8 +297,7 @@ impl Cache {
                     (Arc::clone(&self.current), Arc::clone(&self.rebuilding));
                 let executor = executor.clone();
                 tokio::task::spawn_blocking(move || {
-                    let built = Arc::new(build(&executor));
-                    *current.lock().unwrap_or_else(|e| e.into_inner()) = Some(built);
+                    install(&current, Arc::new(build(&executor)));
                     rebuilding.store(false, Ordering::Release);
                 });
             }
@@ -308,12 +307,7 @@ impl Cache {
         if let Some(snapshot) = self.in_hand() {
             return snapshot;
         }
-        let executor = executor.clone();
-        let built = tokio::task::spawn_blocking(move || Arc::new(build(&executor)))
-            .await
-            .expect("building a snapshot does not panic");
-        *self.current.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::clone(&built));
-        built
+        self.build_now(executor).await
     }
 
     /// A snapshot with every change made before the call: the one in hand if nothing
@@ -328,15 +322,19 @@ impl Cache {
                 return snapshot;
             }
         }
+        self.build_now(executor).await
+    }
+
+    /// Builds a snapshot now (off the runtime's threads), keeps it, and returns it.
+    async fn build_now<E: Send + Sync + 'static>(
+        &self,
+        executor: &crate::executor::Executor<E>,
+    ) -> Arc<Snapshot> {
         let executor = executor.clone();
         let built = tokio::task::spawn_blocking(move || Arc::new(build(&executor)))
             .await
             .expect("building a snapshot does not panic");
-        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        // A newer one may have landed meanwhile: keep the newest.
-        if current.as_ref().is_none_or(|c| c.version <= built.version) {
-            *current = Some(Arc::clone(&built));
-        }
+        install(&self.current, Arc::clone(&built));
         built
     }
 
@@ -345,6 +343,15 @@ impl Cache {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+}
+
+/// Makes `built` the snapshot in hand, unless a newer one landed meanwhile (a fresh
+/// build and a background rebuild may finish in either order).
+fn install(current: &Mutex<Option<Arc<Snapshot>>>, built: Arc<Snapshot>) {
+    let mut current = current.lock().unwrap_or_else(|e| e.into_inner());
+    if current.as_ref().is_none_or(|c| c.version <= built.version) {
+        *current = Some(built);
     }
 }
 

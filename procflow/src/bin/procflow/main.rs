@@ -42,10 +42,12 @@ fn run(cli: Cli) -> Result<(), String> {
     let token = cli.token.as_deref();
     match cli.command {
         // Reads through the admin API: from the executor's memory, or by key.
-        Command::List { at, filter } if at.url.is_some() => {
-            let url = at.url.as_deref().unwrap_or_default();
+        Command::List {
+            at: Place { url: Some(url), .. },
+            filter,
+        } => {
             let (status, machine) = (filter.status.as_deref(), filter.machine.as_deref());
-            let mut rows = remote::list(url, token, status, machine)?;
+            let mut rows = remote::list(&url, token, status, machine)?;
             if let Some(age) = filter.older_than {
                 let limit = SystemTime::now() - age.0;
                 let ms = |r: &serde_json::Value| r["submitted_ms"].as_u64().unwrap_or(0);
@@ -53,22 +55,21 @@ fn run(cli: Cli) -> Result<(), String> {
             }
             print::rows(&rows, json);
         }
-        Command::Show { id, at } if at.url.is_some() => {
-            let url = at.url.as_deref().unwrap_or_default();
-            print::show(None, &remote::record(url, token, id)?, json);
-        }
-        Command::History { id, at } if at.url.is_some() => {
-            let url = at.url.as_deref().unwrap_or_default();
-            print::history(&remote::record(url, token, id)?, json);
-        }
-        Command::Diagram { id, at } if at.url.is_some() => {
-            let url = at.url.as_deref().unwrap_or_default();
-            print!("{}", remote::diagram(url, token, id)?);
-        }
-        Command::Locks { at } if at.url.is_some() => {
-            let url = at.url.as_deref().unwrap_or_default();
-            print::locks(&remote::held_locks(url, token)?, json);
-        }
+        Command::Show {
+            id,
+            at: Place { url: Some(url), .. },
+        } => print::show(None, &remote::record(&url, token, id)?, json),
+        Command::History {
+            id,
+            at: Place { url: Some(url), .. },
+        } => print::history(&remote::record(&url, token, id)?, json),
+        Command::Diagram {
+            id,
+            at: Place { url: Some(url), .. },
+        } => print!("{}", remote::diagram(&url, token, id)?),
+        Command::Locks {
+            at: Place { url: Some(url), .. },
+        } => print::locks(&remote::held_locks(&url, token)?, json),
         // Reads of a store directory.
         Command::List { at, filter } => {
             let catalog = read(&at, token)?;
