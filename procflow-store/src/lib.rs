@@ -51,6 +51,7 @@ mod error;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod io;
+mod local_port;
 mod mem;
 mod state;
 mod store;
@@ -59,6 +60,7 @@ mod wal;
 /// The type of [`Record::value`]: cloning one shares its bytes instead of copying them.
 pub use bytes::Bytes;
 pub use error::StoreError;
+pub use local_port::free_local_port;
 pub use mem::MemStore;
 pub use store::{Batch, BoxFuture, Limits, Loaded, Op, ProcId, Record, RecordInfo, Store};
 pub use wal::{SyncMode, WalConfig, WalStats, WalStore};

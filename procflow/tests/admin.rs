@@ -12,7 +12,7 @@ use procflow::executor::{Outcome, Status};
 use procflow::operator::Catalog;
 use procflow::prelude::*;
 use serde_json::{Value, json};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -959,11 +959,7 @@ impl Driver {
                  (scripts/install-test-deps.sh does)"
             );
         }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = procflow_store::free_local_port();
         let child = Command::new("chromedriver")
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())

@@ -1,10 +1,13 @@
 //! [`LocalCluster`]: real etcd processes on 127.0.0.1, for tests and examples.
 
 use std::io::{Read, Write as _};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// How often [`LocalCluster::start_with`] picks new ports after one was taken under it.
+const START_ATTEMPTS: usize = 3;
 
 /// The command that installs etcd on the machines procflow is tested on (Debian).
 pub const INSTALL_ETCD: &str = "sudo apt-get install -y etcd-server";
@@ -104,6 +107,27 @@ impl LocalCluster {
     /// As [`start`](Self::start).
     pub fn start_with(size: usize, options: ClusterOptions) -> Result<Self, ClusterError> {
         let binary = etcd_binary()?;
+        let mut attempt = 1;
+        loop {
+            match Self::try_start(&binary, size, &options) {
+                // A port picked free was taken before the member bound it: pick again.
+                Err(ClusterError::Member { message, .. })
+                    if attempt < START_ATTEMPTS && message.contains("address already in use") =>
+                {
+                    attempt += 1;
+                }
+                started => return started,
+            }
+        }
+    }
+
+    /// One attempt of [`start_with`](Self::start_with), on fresh ports and a fresh directory.
+    fn try_start(
+        binary: &Path,
+        size: usize,
+        options: &ClusterOptions,
+    ) -> Result<Self, ClusterError> {
+        let binary = binary.to_path_buf();
         let dir = tempfile::Builder::new()
             .prefix("procflow-etcd-")
             .tempdir()
@@ -111,8 +135,8 @@ impl LocalCluster {
         let members: Vec<Member> = (0..size)
             .map(|i| Member {
                 name: format!("m{i}"),
-                client_port: free_port(),
-                peer_port: free_port(),
+                client_port: crate::free_local_port(),
+                peer_port: crate::free_local_port(),
                 process: None,
             })
             .collect();
@@ -131,7 +155,7 @@ impl LocalCluster {
             initial_cluster,
             token,
             dir,
-            options,
+            options: options.clone(),
         };
         for i in 0..size {
             cluster.spawn(i)?;
@@ -326,14 +350,6 @@ fn etcd_binary() -> Result<PathBuf, ClusterError> {
 
 fn member_error(member: usize, message: String) -> ClusterError {
     ClusterError::Member { member, message }
-}
-
-/// A port nobody listens on now (the OS picks it).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("the OS gives out a free port on 127.0.0.1")
 }
 
 /// The body of `GET path` on 127.0.0.1:`port`, if it answers within a second.
