@@ -864,6 +864,122 @@ async fn the_list_is_filtered_paged_and_counted_on_the_server() {
     executor.shutdown().bounded().await.unwrap();
 }
 
+/// Issue 32: after its first build, the list is brought up to date from the procedures
+/// that changed (the executor notes them), not rebuilt: after wakes, aborts, new
+/// procedures, stuck ones and retention's removals it shows exactly what the executor
+/// does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_list_kept_up_to_date_from_changes_shows_what_the_executor_does() {
+    let log = Log::default();
+    let config = procflow::executor::Config {
+        retention: Duration::from_secs(3),
+        cleanup_interval: Duration::from_millis(100),
+        ..procflow::executor::Config::default()
+    };
+    let executor = procflow::executor::Executor::builder(
+        Arc::new(procflow_store::MemStore::new()),
+        log.clone(),
+    )
+    .register::<common::ops::JobState>()
+    .config(config)
+    .start()
+    .await
+    .unwrap();
+    let mut ids = Vec::new();
+    for i in 0..300 {
+        ids.push(
+            executor
+                .submit(Job::new(&format!("job-{i}")))
+                .await
+                .unwrap(),
+        );
+    }
+    for &id in [ids[0], ids[299]].iter() {
+        until(&executor, id, |s| matches!(s, Status::Suspended { .. })).await;
+    }
+    let server = serve(&executor, TOKEN).await;
+    let api = Api::of(&server);
+    summaries(&api, "limit=1", |l| l["total"] == 300).await; // The first, whole build.
+    // Every kind of change: woken and done, aborted, new (in later chunks of ids), stuck;
+    // the ended ones then leave the table with their retention.
+    for i in 0..60 {
+        log.let_go(&format!("job-{i}"));
+        executor.wake(&format!("go-job-{i}")).await.unwrap();
+    }
+    for &id in &ids[60..90] {
+        let abort = procflow::operator::Action::Abort(id.get());
+        executor
+            .request(procflow::operator::Request::new(abort, "test", ""))
+            .await
+            .unwrap();
+    }
+    for i in 300..400 {
+        let job = Job::new(&format!("job-{i}"));
+        let job = if i % 5 == 0 {
+            log.let_go(&format!("job-{i}"));
+            job.failing_commit()
+        } else {
+            job
+        };
+        ids.push(executor.submit(job).await.unwrap());
+    }
+    // The list sees them ended (then, below, gone).
+    let started = Instant::now();
+    let ended = |id| {
+        executor
+            .state(id)
+            .is_none_or(|info| info.status.is_finished())
+    };
+    while !ids[..90].iter().all(|&id| ended(id)) {
+        assert!(started.elapsed() < Duration::from_secs(20), "ending");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seen = summaries(&api, "limit=1&fresh=true", |_| true).await;
+    let counts = &seen["counts"]["status"];
+    assert_eq!(
+        (&counts["succeeded"], &counts["rolled-back"]),
+        (&json!(60), &json!(30))
+    );
+    while ids[..90].iter().any(|&id| executor.state(id).is_some()) {
+        assert!(started.elapsed() < Duration::from_secs(20), "retention");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // What the executor shows, and what the list shows.
+    let want: Vec<String> = (ids.iter())
+        .filter_map(|&id| executor.state(id))
+        .map(|info| {
+            format!(
+                "{} {} {} {}",
+                info.id.get(),
+                info.state,
+                info.status.name(),
+                info.steps
+            )
+        })
+        .collect();
+    assert_eq!(want.len(), 310);
+    let shown = |list: &Value| -> Vec<String> {
+        let rows = list["rows"].as_array().unwrap().iter();
+        let row = |r: &Value| {
+            let field = |name: &str| r[name].as_str().map_or(r[name].to_string(), str::to_owned);
+            let status = r["status"]["name"].as_str().unwrap_or_default().to_owned();
+            format!(
+                "{} {} {status} {}",
+                field("id"),
+                field("state"),
+                field("steps")
+            )
+        };
+        rows.map(row).collect()
+    };
+    let list = summaries(&api, "limit=1000", |list| shown(list) == want).await;
+    assert_eq!(list["total"], 310);
+    assert_eq!(list["counts"]["status"]["stuck"], 20);
+    assert_eq!(list["counts"]["status"]["suspended"], 290);
+    server.shutdown().bounded().await.unwrap();
+    executor.shutdown().bounded().await.unwrap();
+}
+
 /// Issue 32: the page over 100,000 procedures pages and filters on the server: it
 /// filters to one, opens it, and aborts it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

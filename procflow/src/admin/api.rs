@@ -49,7 +49,7 @@ pub(super) async fn record<E: Send + Sync + 'static>(
         .record_and_data(ProcedureId::new(id))
         .await?;
     let (mut record, shown) = read.ok_or_else(|| ApiError::not_found(id))?;
-    let snapshot = shared.summaries.get(&shared.executor).await;
+    let snapshot = shared.executor.lists().get(&shared.executor).await;
     record.children = snapshot.children(id).to_vec();
     let mut answer = serde_json::to_value(&record).map_err(|e| {
         ApiError::new(

@@ -113,6 +113,6 @@ mod log;
 mod metrics;
 mod page;
 mod server;
-mod summaries;
+pub(crate) mod summaries;
 
 pub use server::{Admin, AdminServer};

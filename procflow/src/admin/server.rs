@@ -28,8 +28,6 @@ pub struct Admin<E> {
 /// What the handlers share.
 pub(super) struct Shared<E> {
     pub(super) executor: Executor<E>,
-    /// The list, shared by every page that polls it.
-    pub(super) summaries: summaries::Cache,
 }
 
 /// The largest body a mutation may send: its JSON is a name, a reason and a flag.
@@ -148,7 +146,6 @@ impl<E: Send + Sync + 'static> Admin<E> {
     pub fn router(&self) -> Router {
         let shared = Arc::new(Shared {
             executor: self.executor.clone(),
-            summaries: summaries::Cache::default(),
         });
         let access = Arc::new(self.access());
         let mut reads = Router::new()

@@ -3,22 +3,24 @@
 //! downloads one page.
 //!
 //! The rows come from one [`Snapshot`] of the executor's table, shared by every request
-//! and rebuilt only when something changed, and then at most once a second: pages that
-//! poll an unchanged executor cost a comparison each (`since`), and pages that poll a
-//! busy one share one rebuild a second, taken from the table a few thousand entries at a
-//! time (`Executor::snapshot`) so steps are not held up. A request never waits for a
-//! rebuild (but the very first): it is answered from the snapshot in hand while the next
-//! one is built in the background.
+//! (and every admin over the executor) and brought up to date only when something
+//! changed, and then at most once a second. Pages that poll an unchanged executor cost a
+//! comparison each (`since`). The first snapshot reads the whole table, a few thousand
+//! entries at a time so steps are not held up; every later one reads only the
+//! procedures the executor noted as changed since (its journal, `executor/journal.rs`), copies
+//! the chunks of rows they fall in and shares the rest with the snapshot before. A
+//! request never waits for a build (but the very first): it is answered from the
+//! snapshot in hand while the next one is built in the background.
 
 use super::error::ApiError;
 use super::server::Shared;
 use crate::ProcedureId;
-use crate::executor::{ProcedureInfo, Status};
+use crate::executor::{ProcedureInfo, Status, Taken};
 use axum::Json;
 use axum::extract::{Query, State};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -34,6 +36,7 @@ const MAX_LIMIT: usize = 1000;
 
 /// One procedure as the list shows it. Made for every procedure at every rebuild, so it
 /// allocates nothing of its own: its detail line is written when the row is sent.
+#[derive(Clone)]
 struct Row(ProcedureInfo);
 
 impl Serialize for Row {
@@ -184,18 +187,24 @@ fn contains_folded(hay: &str, needle: &str) -> bool {
 }
 
 /// The table at one moment: rows by id, counts, and each procedure's children.
-pub(super) struct Snapshot {
+pub(crate) struct Snapshot {
     /// The process's change count it was built at.
     version: u64,
     built: Instant,
     /// How long building it took.
     took: Duration,
-    rows: Vec<Row>,
+    /// The rows by id, in chunks of the ids `[k × CHUNK, (k + 1) × CHUNK)` keyed by `k`
+    /// (the non-empty ones): the next snapshot copies the chunks whose procedures
+    /// changed and shares every other one.
+    chunks: BTreeMap<u64, Arc<Vec<Row>>>,
+    /// Rows in all chunks.
+    total: usize,
     by_status: BTreeMap<&'static str, usize>,
     by_machine: BTreeMap<&'static str, usize>,
     children: HashMap<u64, Vec<ProcedureId>>,
-    /// Every machine, state and status name of its rows, once.
-    names: Vec<&'static str>,
+    /// Every machine, state and status name of its rows, once (and, after updates, some
+    /// no row has any more: a name is only ever matched against rows).
+    names: BTreeSet<&'static str>,
     /// How many rows each filter asked of this snapshot matches ([`ListQuery::filter_key`]):
     /// counting them takes a pass over every row, which pages that poll one filter then
     /// pay once per snapshot, not once per poll. Emptied when it reaches
@@ -205,46 +214,159 @@ pub(super) struct Snapshot {
 
 /// The most filters whose match counts a snapshot keeps.
 const MATCHED_KEPT: usize = 256;
+/// Ids per chunk of [`Snapshot::chunks`]: a changed procedure costs the copy of this
+/// many rows at most, an unchanged chunk a pointer.
+const CHUNK: u64 = 1024;
 
 impl Snapshot {
-    fn build(version: u64, infos: Vec<ProcedureInfo>, started: Instant) -> Self {
-        let mut snapshot = Self {
+    fn empty(version: u64, built: Instant) -> Self {
+        Self {
             version,
-            built: started,
+            built,
             took: Duration::ZERO,
-            rows: Vec::with_capacity(infos.len()),
+            chunks: BTreeMap::new(),
+            total: 0,
             by_status: BTreeMap::new(),
             by_machine: BTreeMap::new(),
             children: HashMap::new(),
-            names: Vec::new(),
+            names: BTreeSet::new(),
             matched: Mutex::default(),
-        };
-        let mut names = std::collections::BTreeSet::new();
-        let mut last_state: Option<&'static str> = None;
-        for info in infos {
-            *snapshot.by_status.entry(info.status.name()).or_default() += 1;
-            *snapshot.by_machine.entry(info.machine).or_default() += 1;
-            if let Some(parent) = info.parent {
-                let children = snapshot.children.entry(parent.get()).or_default();
-                children.push(info.id);
-            }
-            // States repeat from one row to the next: a set insert only on a change.
-            if !last_state.is_some_and(|last| same_static(last, info.state)) {
-                names.insert(info.state);
-                last_state = Some(info.state);
-            }
-            snapshot.rows.push(Row(info));
         }
-        names.extend(snapshot.by_machine.keys().chain(snapshot.by_status.keys()));
-        snapshot.names = names.into_iter().collect();
+    }
+
+    /// A snapshot of every procedure, `infos` by id.
+    fn whole(version: u64, infos: Vec<ProcedureInfo>, started: Instant) -> Self {
+        let mut snapshot = Self::empty(version, started);
+        let mut chunk: Vec<Row> = Vec::new();
+        for info in infos {
+            let k = info.id.get() / CHUNK;
+            if chunk.last().is_some_and(|last| last.id() / CHUNK != k) {
+                snapshot.close_chunk(std::mem::take(&mut chunk));
+            }
+            snapshot.count(&info);
+            chunk.push(Row(info));
+        }
+        snapshot.close_chunk(chunk);
         snapshot.took = started.elapsed();
         snapshot
     }
 
+    fn close_chunk(&mut self, rows: Vec<Row>) {
+        if let Some(first) = rows.first() {
+            self.total += rows.len();
+            self.chunks.insert(first.id() / CHUNK, Arc::new(rows));
+        }
+    }
+
+    /// This snapshot with `changed` (by id; each with its new snapshot, or `None` once
+    /// it is gone) applied: the chunks they fall in are copied and changed, the rest
+    /// shared.
+    fn updated(
+        &self,
+        version: u64,
+        changed: Vec<(u64, Option<ProcedureInfo>)>,
+        started: Instant,
+    ) -> Self {
+        let mut next = Self {
+            chunks: self.chunks.clone(),
+            total: self.total,
+            by_status: self.by_status.clone(),
+            by_machine: self.by_machine.clone(),
+            children: self.children.clone(),
+            names: self.names.clone(),
+            ..Self::empty(version, started)
+        };
+        let mut changed = changed.into_iter().peekable();
+        while let Some((first, _)) = changed.peek() {
+            let k = first / CHUNK;
+            let mut rows = next
+                .chunks
+                .remove(&k)
+                .map_or_else(Vec::new, Arc::unwrap_or_clone);
+            next.total -= rows.len();
+            while let Some((id, info)) = changed.next_if(|(id, _)| id / CHUNK == k) {
+                let at = rows.binary_search_by_key(&id, Row::id);
+                // The old row leaves the counts before the new one comes in: both may
+                // name the same parent.
+                if let Ok(at) = at {
+                    next.forget(&rows[at].0);
+                }
+                match (at, info) {
+                    (Ok(at), Some(info)) => {
+                        next.count(&info);
+                        rows[at] = Row(info);
+                    }
+                    (Ok(at), None) => drop(rows.remove(at)),
+                    (Err(at), Some(info)) => {
+                        next.count(&info);
+                        rows.insert(at, Row(info));
+                    }
+                    (Err(_), None) => {}
+                }
+            }
+            next.close_chunk(rows);
+        }
+        next.took = started.elapsed();
+        next
+    }
+
+    /// Adds `info` to the counts, the children index and the names.
+    fn count(&mut self, info: &ProcedureInfo) {
+        *self.by_status.entry(info.status.name()).or_default() += 1;
+        *self.by_machine.entry(info.machine).or_default() += 1;
+        if let Some(parent) = info.parent {
+            let children = self.children.entry(parent.get()).or_default();
+            if let Err(at) = children.binary_search(&info.id) {
+                children.insert(at, info.id);
+            }
+        }
+        for name in [info.machine, info.state, info.status.name()] {
+            // Most rows repeat names already in: a lookup, not an insert.
+            if !self.names.contains(name) {
+                self.names.insert(name);
+            }
+        }
+    }
+
+    /// Takes `info` out of the counts and the children index.
+    fn forget(&mut self, info: &ProcedureInfo) {
+        fn down(counts: &mut BTreeMap<&'static str, usize>, key: &'static str) {
+            if let Some(count) = counts.get_mut(key) {
+                *count -= 1;
+                if *count == 0 {
+                    counts.remove(key);
+                }
+            }
+        }
+        down(&mut self.by_status, info.status.name());
+        down(&mut self.by_machine, info.machine);
+        if let Some(parent) = info.parent
+            && let Some(children) = self.children.get_mut(&parent.get())
+        {
+            children.retain(|child| *child != info.id);
+            if children.is_empty() {
+                self.children.remove(&parent.get());
+            }
+        }
+    }
+
+    /// The rows with an id of `from` or more, by id.
+    fn ascending(&self, from: u64) -> impl Iterator<Item = &Row> {
+        let chunks = self.chunks.range(from / CHUNK..);
+        let rows = chunks.flat_map(|(_, rows)| rows.iter());
+        rows.skip_while(move |row| row.id() < from)
+    }
+
+    /// The rows with an id of `to` or less, by id from the highest.
+    fn descending(&self, to: u64) -> impl Iterator<Item = &Row> {
+        let chunks = self.chunks.range(..=to / CHUNK).rev();
+        let rows = chunks.flat_map(|(_, rows)| rows.iter().rev());
+        rows.skip_while(move |row| row.id() > to)
+    }
+
     /// When a changed executor's list may be built again: a second after this one, or
     /// ten times as long as this one took, so that rebuilding a large list takes at most
-    /// a tenth of one core from the steps (a million procedures are then a few seconds
-    /// behind, at most).
+    /// a tenth of one core from the steps.
     fn rebuild_after(&self) -> Duration {
         REBUILD_AT_MOST_EVERY.max(self.took * REBUILD_SHARE)
     }
@@ -271,12 +393,16 @@ impl Snapshot {
     }
 }
 
-/// What the executor's admin keeps between requests.
+/// The executor's list, shared by every admin over it: one snapshot, brought up to date
+/// from the procedures that changed (the executor's journal has one reader: this).
 #[derive(Default)]
-pub(super) struct Cache {
+pub(crate) struct Cache {
     current: Arc<Mutex<Option<Arc<Snapshot>>>>,
     /// A rebuild is under way (in the background).
     rebuilding: Arc<AtomicBool>,
+    /// Builds one at a time: each takes the journal's ids since the one before, so two
+    /// at once would each miss what the other took.
+    building: Arc<Mutex<()>>,
     /// The first build: the only one requests wait for.
     first: tokio::sync::Mutex<()>,
 }
@@ -293,11 +419,14 @@ impl Cache {
             let stale = snapshot.version != executor.changes()
                 && snapshot.built.elapsed() >= snapshot.rebuild_after();
             if stale && !self.rebuilding.swap(true, Ordering::AcqRel) {
-                let (current, rebuilding) =
-                    (Arc::clone(&self.current), Arc::clone(&self.rebuilding));
+                let (current, building, rebuilding) = (
+                    Arc::clone(&self.current),
+                    Arc::clone(&self.building),
+                    Arc::clone(&self.rebuilding),
+                );
                 let executor = executor.clone();
                 tokio::task::spawn_blocking(move || {
-                    install(&current, Arc::new(build(&executor)));
+                    build(&executor, &current, &building);
                     rebuilding.store(false, Ordering::Release);
                 });
             }
@@ -330,37 +459,48 @@ impl Cache {
         &self,
         executor: &crate::executor::Executor<E>,
     ) -> Arc<Snapshot> {
-        let executor = executor.clone();
-        let built = tokio::task::spawn_blocking(move || Arc::new(build(&executor)))
+        let (executor, current, building) = (
+            executor.clone(),
+            Arc::clone(&self.current),
+            Arc::clone(&self.building),
+        );
+        tokio::task::spawn_blocking(move || build(&executor, &current, &building))
             .await
-            .expect("building a snapshot does not panic");
-        install(&self.current, Arc::clone(&built));
-        built
+            .expect("building a snapshot does not panic")
     }
 
     fn in_hand(&self) -> Option<Arc<Snapshot>> {
-        self.current
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        lock(&self.current).clone()
     }
 }
 
-/// Makes `built` the snapshot in hand, unless a newer one landed meanwhile (a fresh
-/// build and a background rebuild may finish in either order).
-fn install(current: &Mutex<Option<Arc<Snapshot>>>, built: Arc<Snapshot>) {
-    let mut current = current.lock().unwrap_or_else(|e| e.into_inner());
-    if current.as_ref().is_none_or(|c| c.version <= built.version) {
-        *current = Some(built);
-    }
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A snapshot of `executor` now (its version read first: a change during the build
-/// makes the next request build again).
-fn build<E: Send + Sync + 'static>(executor: &crate::executor::Executor<E>) -> Snapshot {
+/// Builds the next snapshot of `executor` and makes it `current`: the one in hand with
+/// the procedures changed since it was built, or, for the first, every procedure. The
+/// version is read first: a change during the build makes the next request build again
+/// (and is in the journal for it).
+fn build<E: Send + Sync + 'static>(
+    executor: &crate::executor::Executor<E>,
+    current: &Mutex<Option<Arc<Snapshot>>>,
+    building: &Mutex<()>,
+) -> Arc<Snapshot> {
+    let _one_at_a_time = lock(building);
     let started = Instant::now();
     let version = executor.changes();
-    Snapshot::build(version, executor.snapshot(), started)
+    let previous = lock(current).clone();
+    let built = match executor.snapshot_changes(previous.is_none()) {
+        Taken::Everything(infos) => Snapshot::whole(version, infos, started),
+        Taken::Changed(changed) => {
+            let previous = previous.expect("changes are taken against a snapshot in hand");
+            previous.updated(version, changed, started)
+        }
+    };
+    let built = Arc::new(built);
+    *lock(current) = Some(Arc::clone(&built));
+    built
 }
 
 /// `?status=stuck&machine=job&state=Ship&q=text&order=desc&after=ID&limit=N&since=V`.
@@ -431,9 +571,9 @@ pub(super) async fn list<E: Send + Sync + 'static>(
         }
     };
     let snapshot = if query.fresh {
-        shared.summaries.fresh(&shared.executor).await
+        shared.executor.lists().fresh(&shared.executor).await
     } else {
-        shared.summaries.get(&shared.executor).await
+        shared.executor.lists().get(&shared.executor).await
     };
     if query.since == Some(snapshot.version) {
         return Ok(Json(
@@ -444,31 +584,34 @@ pub(super) async fn list<E: Send + Sync + 'static>(
     let text = query.q.as_deref().map(str::trim).filter(|t| !t.is_empty());
     let needle = text.map(|text| Needle::new(text, &snapshot));
     let admitted = |row: &Row| query.admits(row, needle.as_ref());
-    let rows = &snapshot.rows;
-    // Where the page starts: just after `after` (a binary search on the sorted ids). The
-    // first request of a filter on a snapshot counts its matches in the same pass that
-    // collects the page; later ones stop once the page is full.
-    let (before, from): (&[Row], &[Row]) = if descending {
-        let end = query
-            .after
-            .map_or(rows.len(), |after| rows.partition_point(|r| r.id() < after));
-        (&rows[end..], &rows[..end])
-    } else {
-        let start = query
-            .after
-            .map_or(0, |after| rows.partition_point(|r| r.id() <= after));
-        (&rows[..start], &rows[start..])
+    // Where the page starts: just after `after`. The first request of a filter on a
+    // snapshot counts its matches in the same pass that collects the page (and over the
+    // rows before it); later ones stop once the page is full.
+    let none = || -> Box<dyn Iterator<Item = &Row>> { Box::new(std::iter::empty()) };
+    let (before, from): (
+        Box<dyn Iterator<Item = &Row>>,
+        Box<dyn Iterator<Item = &Row>>,
+    ) = match (descending, query.after) {
+        (false, None) => (none(), Box::new(snapshot.ascending(0))),
+        (false, Some(after)) => (
+            Box::new(snapshot.descending(after)),
+            after
+                .checked_add(1)
+                .map_or_else(none, |from| Box::new(snapshot.ascending(from))),
+        ),
+        (true, None) => (none(), Box::new(snapshot.descending(u64::MAX))),
+        (true, Some(after)) => (
+            Box::new(snapshot.ascending(after)),
+            after
+                .checked_sub(1)
+                .map_or_else(none, |to| Box::new(snapshot.descending(to))),
+        ),
     };
     let key = query.filter_key(needle.as_ref());
     let known = snapshot.matched(&key);
     let mut page: Vec<&Row> = Vec::with_capacity(limit + 1);
-    let ordered: Box<dyn Iterator<Item = &Row>> = if descending {
-        Box::new(from.iter().rev())
-    } else {
-        Box::new(from.iter())
-    };
     let mut counted = 0;
-    for row in ordered.filter(|row| admitted(row)) {
+    for row in from.filter(|row| admitted(row)) {
         counted += 1;
         if page.len() <= limit {
             page.push(row);
@@ -477,7 +620,7 @@ pub(super) async fn list<E: Send + Sync + 'static>(
         }
     }
     let matched = known.unwrap_or_else(|| {
-        let matched = counted + before.iter().filter(|row| admitted(row)).count();
+        let matched = counted + before.filter(|row| admitted(row)).count();
         snapshot.remember_matched(key, matched);
         matched
     });
@@ -485,10 +628,95 @@ pub(super) async fn list<E: Send + Sync + 'static>(
     let page = &page[..page.len().min(limit)];
     Ok(Json(json!({
         "version": snapshot.version,
-        "total": rows.len(),
+        "total": snapshot.total,
         "matched": matched,
         "counts": { "status": snapshot.by_status, "machine": snapshot.by_machine },
         "rows": page,
         "next": next,
     })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::SystemTime;
+
+    fn info(id: u64, parent: Option<u64>, steps: u64, suspended: bool) -> ProcedureInfo {
+        ProcedureInfo {
+            id: ProcedureId::new(id),
+            parent: parent.map(ProcedureId::new),
+            machine: if id % 2 == 0 { "even" } else { "odd" },
+            status: if suspended {
+                Status::Suspended {
+                    event: format!("e{id}"),
+                }
+            } else {
+                Status::Runnable
+            },
+            state: "S",
+            steps,
+            error: None,
+            submitted: SystemTime::UNIX_EPOCH,
+            updated: SystemTime::UNIX_EPOCH,
+        }
+    }
+
+    /// Rows, counts and children, to compare two snapshots.
+    fn contents(snapshot: &Snapshot) -> String {
+        let rows: Vec<String> = (snapshot.ascending(0))
+            .map(|row| format!("{}:{}:{}", row.id(), row.0.steps, row.0.status.name()))
+            .collect();
+        let mut children: Vec<_> = snapshot.children.iter().collect();
+        children.sort();
+        format!(
+            "{} {rows:?} {:?} {:?} {children:?}",
+            snapshot.total, snapshot.by_status, snapshot.by_machine
+        )
+    }
+
+    /// Random additions, changes and removals across chunk bounds, applied to a snapshot
+    /// one batch at a time, give what a snapshot of the whole table gives.
+    #[test]
+    fn a_snapshot_brought_up_to_date_equals_one_built_whole() {
+        let mut rng = fastrand::Rng::with_seed(32);
+        let mut table: BTreeMap<u64, ProcedureInfo> = BTreeMap::new();
+        let now = Instant::now();
+        let mut snapshot = Snapshot::whole(0, Vec::new(), now);
+        for round in 0..200 {
+            let mut changed: BTreeMap<u64, Option<ProcedureInfo>> = BTreeMap::new();
+            for _ in 0..rng.usize(1..60) {
+                // Ids around a few chunk bounds, so chunks fill, empty and come back.
+                let id = rng.u64(1..4 * CHUNK + 5);
+                let parent = (rng.u8(..4) == 0).then(|| rng.u64(1..50));
+                let now = if rng.u8(..3) == 0 {
+                    None
+                } else {
+                    Some(info(id, parent, round, rng.bool()))
+                };
+                match &now {
+                    Some(info) => table.insert(id, info.clone()),
+                    None => table.remove(&id),
+                };
+                changed.insert(id, now);
+            }
+            snapshot = snapshot.updated(round, changed.into_iter().collect(), now);
+            let whole = Snapshot::whole(round, table.values().cloned().collect(), now);
+            assert_eq!(contents(&snapshot), contents(&whole), "round {round}");
+        }
+    }
+
+    #[test]
+    fn rows_are_read_from_any_id_up_or_down_across_chunks() {
+        let ids = [1, 5, CHUNK - 1, CHUNK, 3 * CHUNK + 7];
+        let infos = ids.iter().map(|&id| info(id, None, 0, false)).collect();
+        let snapshot = Snapshot::whole(0, infos, Instant::now());
+        let up = |from| snapshot.ascending(from).map(Row::id).collect::<Vec<_>>();
+        let down = |to| snapshot.descending(to).map(Row::id).collect::<Vec<_>>();
+        assert_eq!(up(0), ids);
+        assert_eq!(up(6), [CHUNK - 1, CHUNK, 3 * CHUNK + 7]);
+        assert_eq!(up(CHUNK + 1), [3 * CHUNK + 7]);
+        assert_eq!(down(u64::MAX), [3 * CHUNK + 7, CHUNK, CHUNK - 1, 5, 1]);
+        assert_eq!(down(CHUNK - 2), [5, 1]);
+        assert_eq!(down(0), Vec::<u64>::new());
+    }
 }

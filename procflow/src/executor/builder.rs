@@ -239,6 +239,8 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             runtime: tokio::runtime::Handle::current(),
             requests_seen: std::sync::Mutex::default(),
             timers: Arc::default(),
+            #[cfg(feature = "admin")]
+            lists: crate::admin::summaries::Cache::default(),
         });
         resume(&inner, &loaded, &self.aborted)?;
         let cleaner = Arc::clone(&inner);

@@ -61,6 +61,7 @@ async fn clean<E>(inner: &Inner<E>) -> Result<(), super::ExecutorError> {
         let mut table = inner.table();
         for (id, nonce) in chunk {
             table.procs.remove(id);
+            table.noted(*id);
             if let Some(nonce) = nonce {
                 table.nonces.remove(&**nonce);
             }

@@ -108,6 +108,9 @@ pub(crate) struct Inner<E> {
     pub(crate) requests_seen: Mutex<HashMap<String, bool>>,
     /// When to rouse dormant procedures that wait for a time.
     pub(crate) timers: Arc<Timers>,
+    /// The admin's list of the procedures, shared by every admin over this executor.
+    #[cfg(feature = "admin")]
+    pub(crate) lists: crate::admin::summaries::Cache,
 }
 
 /// Every procedure the executor knows, live or finished (until retention removes it).
@@ -125,6 +128,8 @@ pub(crate) struct Table {
     /// in the store.
     pub(crate) next_id: u64,
     pub(crate) reserved_id: u64,
+    /// The procedures whose snapshots changed since the admin's list last took them.
+    pub(crate) journal: super::journal::Journal,
 }
 
 /// How a procedure dealt with an operator's request.
@@ -342,6 +347,12 @@ impl Waiters {
 }
 
 impl Table {
+    /// Notes that procedure `id`'s entry was added, changed or removed (for the admin's
+    /// list: see [`Journal`](super::journal::Journal)).
+    pub(crate) fn noted(&mut self, id: u64) {
+        self.journal.note(id, self.procs.len());
+    }
+
     /// Registers procedure `id` as suspended on `event`.
     pub(crate) fn listen(&mut self, event: &str, id: u64) {
         match self.events.get_mut(event) {
@@ -611,8 +622,11 @@ impl<E> Inner<E> {
     /// woken for a snapshot they have already seen (a resumed procedure republishes the
     /// one its entry was created with).
     pub(crate) fn publish(&self, info: ProcedureInfo) {
-        if let Some(entry) = self.table().procs.get_mut(&info.id.get()) {
+        let mut table = self.table();
+        let id = info.id.get();
+        if let Some(entry) = table.procs.get_mut(&id) {
             entry.publish(info);
+            table.noted(id);
         }
     }
 

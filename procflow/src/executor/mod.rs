@@ -50,6 +50,7 @@ mod erased;
 mod error;
 mod hooks;
 mod inner;
+mod journal;
 mod lazy;
 mod requests;
 mod runner;
@@ -67,6 +68,8 @@ pub use error::{ExecutorError, SubmitError};
 pub use hooks::{KillHook, StoreWrite, WriteKind, WritePoint};
 pub use requests::Handled;
 pub use status::{Outcome, ProcedureInfo, Status, Unloadable};
+#[cfg(feature = "admin")]
+pub(crate) use view::Taken;
 
 use crate::locks::Lock;
 use crate::{Error, Procedure, ProcedureId, StateMachine};

@@ -100,6 +100,12 @@ impl<E: Send + Sync + 'static> Executor<E> {
         Ok(Some((record, stored)))
     }
 
+    /// The admin's list of the procedures (one per executor: it reads the journal).
+    #[cfg(feature = "admin")]
+    pub(crate) fn lists(&self) -> &crate::admin::summaries::Cache {
+        &self.inner.lists
+    }
+
     /// How many procedure snapshots have changed in this process so far: a list built at
     /// this count is current while it stays the same.
     #[cfg(feature = "admin")]
@@ -123,19 +129,55 @@ impl<E: Send + Sync + 'static> Executor<E> {
         Ok(Some(Catalog::of_one(record, &graph)))
     }
 
-    /// Every procedure's current snapshot, by id: what a list shows, from memory. Taken
-    /// a few thousand entries at a time, so that steps (which need the same table) are
-    /// never held up for long, however many procedures there are; a procedure that
-    /// changes meanwhile appears as it was or as it is.
+    /// What a list needs to be current, from memory: every procedure's snapshot, or
+    /// only those of the procedures that changed since the last call (see
+    /// [`Journal`](super::journal::Journal)). Taken a few thousand entries at a time, so
+    /// that steps (which need the same table) are never held up for long, however many
+    /// procedures there are; a procedure that changes meanwhile appears as it was or as
+    /// it is, and is noted for the next call either way.
+    ///
+    /// One reader only: two lists taking turns would each miss what the other took.
     #[cfg(feature = "admin")]
-    pub(crate) fn snapshot(&self) -> Vec<super::ProcedureInfo> {
-        let mut ids: Vec<u64> = self.inner.table().procs.keys().copied().collect();
+    pub(crate) fn snapshot_changes(&self, whole: bool) -> Taken {
+        let noted = {
+            let mut table = self.inner.table();
+            if whole {
+                super::journal::Noted::Everything
+            } else {
+                table.journal.take()
+            }
+        };
+        match noted {
+            super::journal::Noted::Everything => Taken::Everything(self.snapshot_whole()),
+            super::journal::Noted::Ids(mut ids) => {
+                ids.sort_unstable();
+                ids.dedup();
+                Taken::Changed(self.infos_of(&ids))
+            }
+        }
+    }
+
+    /// Every procedure's snapshot, by id; noting starts afresh.
+    #[cfg(feature = "admin")]
+    fn snapshot_whole(&self) -> Vec<super::ProcedureInfo> {
+        let mut ids: Vec<u64> = {
+            let mut table = self.inner.table();
+            table.journal.restart();
+            table.procs.keys().copied().collect()
+        };
         ids.sort_unstable();
+        let infos = self.infos_of(&ids);
+        infos.into_iter().filter_map(|(_, info)| info).collect()
+    }
+
+    /// Procedures `ids`' snapshots (`None` for those gone), a few thousand per lock.
+    #[cfg(feature = "admin")]
+    fn infos_of(&self, ids: &[u64]) -> Vec<(u64, Option<super::ProcedureInfo>)> {
         let mut all = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(4096) {
             let table = self.inner.table();
-            let infos = chunk.iter().filter_map(|id| table.procs.get(id));
-            all.extend(infos.map(|entry| entry.info.borrow().clone()));
+            let info = |id: &u64| table.procs.get(id).map(|e| e.info.borrow().clone());
+            all.extend(chunk.iter().map(|id| (*id, info(id))));
         }
         all
     }
@@ -171,4 +213,13 @@ impl<E: Send + Sync + 'static> Executor<E> {
         record.holds_locks = holders.contains(&id);
         record.waits_for_locks = waiters.contains(&id);
     }
+}
+
+/// What [`Executor::snapshot_changes`] read.
+#[cfg(feature = "admin")]
+pub(crate) enum Taken {
+    /// Every procedure's snapshot, by id.
+    Everything(Vec<super::ProcedureInfo>),
+    /// The procedures that changed, by id, each with its snapshot or `None` if it is gone.
+    Changed(Vec<(u64, Option<super::ProcedureInfo>)>),
 }

@@ -365,6 +365,7 @@ fn reopen_entry<E>(inner: &Inner<E>, launch: &Launch<E>) {
             entry.finished_ms = None;
             entry.take_asked(|asked| &mut asked.abort);
             entry.info.send_replace(info);
+            table.noted(launch.id);
         }
         None => drop(super::insert_entry_locked(&mut table, launch, info)),
     }

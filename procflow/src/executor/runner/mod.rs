@@ -225,6 +225,7 @@ fn insert_entry_locked<'t, E>(
     launch: &Launch<E>,
     info: ProcedureInfo,
 ) -> &'t mut Entry {
+    table.noted(launch.id);
     // Boxed: the map's spare slots (a hash map is up to half empty) then cost a pointer
     // each, not a whole entry.
     table.procs.entry(launch.id).or_insert_with(|| {
@@ -709,6 +710,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
         if let Some(entry) = table.procs.get_mut(&self.id) {
             entry.finished_ms = self.envelope.finished_ms;
             entry.publish(info);
+            table.noted(self.id);
         }
         if let Some(parent) = self.parent.and_then(|parent| table.procs.get_mut(&parent)) {
             parent.rouse();
