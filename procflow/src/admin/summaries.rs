@@ -89,9 +89,9 @@ impl Row {
         }
     }
 
-    /// Whether the row shows `needle`'s text in its id, machine, state, status, event or
-    /// error.
-    fn contains(&self, needle: &Needle) -> bool {
+    /// Whether the row shows `needle`'s text in its id, machine, state or status (its
+    /// event and error are searched in its chunk's [`Chunk::text`]).
+    fn names(&self, needle: &Needle) -> bool {
         let info = &self.0;
         let mut digits = [0; 20];
         (needle.digits && needle.in_text(decimal(info.id.get(), &mut digits)))
@@ -100,11 +100,55 @@ impl Row {
                     .iter()
                     .any(|field| same_static(field, name))
             })
-            || match &info.status {
-                Status::Suspended { event } => needle.in_text(event),
-                Status::Stuck { error, .. } => needle.in_text(&error.to_string()),
-                _ => (info.error.as_ref()).is_some_and(|e| needle.in_text(&e.to_string())),
-            }
+    }
+
+    /// Its free text, which a text filter searches: its event, or its error.
+    fn text(&self, into: &mut String) {
+        use std::fmt::Write as _;
+        let info = &self.0;
+        let _ = match &info.status {
+            Status::Suspended { event } => write!(into, "{event}"),
+            Status::Stuck { error, .. } => write!(into, "{error}"),
+            _ => (info.error.as_ref()).map_or(Ok(()), |e| write!(into, "{e}")),
+        };
+    }
+}
+
+/// Up to [`CHUNK`] rows by id, with their free texts side by side so that a text filter
+/// searches a chunk in one pass (a million events are then searched in a few
+/// milliseconds, not a few tens).
+#[derive(Clone)]
+struct Chunk {
+    rows: Vec<Row>,
+    /// Each row's [`Row::text`] in ASCII lower case, each followed by a NUL (which no
+    /// needle holds, so no match spans two rows).
+    text: String,
+    /// Where each row's text ends in `text` (its NUL).
+    ends: Vec<u32>,
+}
+
+impl Chunk {
+    fn new(rows: Vec<Row>) -> Self {
+        let mut text = String::new();
+        let mut ends = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let from = text.len();
+            row.text(&mut text);
+            text[from..].make_ascii_lowercase();
+            ends.push(u32::try_from(text.len()).expect("a chunk's texts fit in 4 GiB"));
+            text.push('\0');
+        }
+        Self { rows, text, ends }
+    }
+
+    /// Which rows' free text contains `needle`, by index.
+    fn hits(&self, needle: &Needle) -> Vec<bool> {
+        let mut hits = vec![false; self.rows.len()];
+        for at in needle.finder.find_iter(self.text.as_bytes()) {
+            let row = self.ends.partition_point(|&end| (end as usize) < at);
+            hits[row] = true;
+        }
+        hits
     }
 }
 
@@ -124,7 +168,8 @@ struct Needle {
 
 impl Needle {
     fn new(text: &str, snapshot: &Snapshot) -> Self {
-        let text = text.to_lowercase();
+        // A NUL separates rows in a chunk's text: no row's text holds one.
+        let text = text.to_lowercase().replace('\0', "");
         let digits = text.bytes().all(|b| b.is_ascii_digit());
         let names = (snapshot.names.iter().copied())
             .filter(|name| contains_folded(name, &text))
@@ -196,7 +241,7 @@ pub(crate) struct Snapshot {
     /// The rows by id, in chunks of the ids `[k × CHUNK, (k + 1) × CHUNK)` keyed by `k`
     /// (the non-empty ones): the next snapshot copies the chunks whose procedures
     /// changed and shares every other one.
-    chunks: BTreeMap<u64, Arc<Vec<Row>>>,
+    chunks: BTreeMap<u64, Arc<Chunk>>,
     /// Rows in all chunks.
     total: usize,
     by_status: BTreeMap<&'static str, usize>,
@@ -254,7 +299,8 @@ impl Snapshot {
     fn close_chunk(&mut self, rows: Vec<Row>) {
         if let Some(first) = rows.first() {
             self.total += rows.len();
-            self.chunks.insert(first.id() / CHUNK, Arc::new(rows));
+            self.chunks
+                .insert(first.id() / CHUNK, Arc::new(Chunk::new(rows)));
         }
     }
 
@@ -279,10 +325,8 @@ impl Snapshot {
         let mut changed = changed.into_iter().peekable();
         while let Some((first, _)) = changed.peek() {
             let k = first / CHUNK;
-            let mut rows = next
-                .chunks
-                .remove(&k)
-                .map_or_else(Vec::new, Arc::unwrap_or_clone);
+            let chunk = next.chunks.remove(&k);
+            let mut rows = chunk.map_or_else(Vec::new, |c| Arc::unwrap_or_clone(c).rows);
             next.total -= rows.len();
             while let Some((id, info)) = changed.next_if(|(id, _)| id / CHUNK == k) {
                 let at = rows.binary_search_by_key(&id, Row::id);
@@ -350,17 +394,27 @@ impl Snapshot {
         }
     }
 
-    /// The rows with an id of `from` or more, by id.
-    fn ascending(&self, from: u64) -> impl Iterator<Item = &Row> {
-        let chunks = self.chunks.range(from / CHUNK..);
-        let rows = chunks.flat_map(|(_, rows)| rows.iter());
+    /// The rows `query` admits with an id of `from` or more, by id.
+    fn ascending<'s>(
+        &'s self,
+        from: u64,
+        query: &'s ListQuery,
+        needle: Option<&'s Needle>,
+    ) -> impl Iterator<Item = &'s Row> {
+        let chunks = self.chunks.range(from / CHUNK..).map(|(_, chunk)| &**chunk);
+        let rows = chunks.flat_map(move |chunk| admitted(chunk, query, needle, false));
         rows.skip_while(move |row| row.id() < from)
     }
 
-    /// The rows with an id of `to` or less, by id from the highest.
-    fn descending(&self, to: u64) -> impl Iterator<Item = &Row> {
-        let chunks = self.chunks.range(..=to / CHUNK).rev();
-        let rows = chunks.flat_map(|(_, rows)| rows.iter().rev());
+    /// The rows `query` admits with an id of `to` or less, by id from the highest.
+    fn descending<'s>(
+        &'s self,
+        to: u64,
+        query: &'s ListQuery,
+        needle: Option<&'s Needle>,
+    ) -> impl Iterator<Item = &'s Row> {
+        let chunks = (self.chunks.range(..=to / CHUNK).rev()).map(|(_, chunk)| &**chunk);
+        let rows = chunks.flat_map(move |chunk| admitted(chunk, query, needle, true));
         rows.skip_while(move |row| row.id() > to)
     }
 
@@ -391,6 +445,29 @@ impl Snapshot {
     pub(super) fn children(&self, id: u64) -> &[ProcedureId] {
         self.children.get(&id).map_or(&[], Vec::as_slice)
     }
+}
+
+/// The rows of `chunk` that `query` admits, by id (from the highest if `descending`).
+/// Its free texts are searched once, when the first row needs them.
+fn admitted<'s>(
+    chunk: &'s Chunk,
+    query: &'s ListQuery,
+    needle: Option<&'s Needle>,
+    descending: bool,
+) -> impl Iterator<Item = &'s Row> {
+    let mut hits: Option<Vec<bool>> = None;
+    let order: Box<dyn Iterator<Item = usize>> = if descending {
+        Box::new((0..chunk.rows.len()).rev())
+    } else {
+        Box::new(0..chunk.rows.len())
+    };
+    order.filter_map(move |at| {
+        let row = &chunk.rows[at];
+        let shows = |needle: &Needle| {
+            row.names(needle) || hits.get_or_insert_with(|| chunk.hits(needle))[at]
+        };
+        (query.fields_admit(row) && needle.is_none_or(shows)).then_some(row)
+    })
 }
 
 /// The executor's list, shared by every admin over it: one snapshot, brought up to date
@@ -535,12 +612,12 @@ impl ListQuery {
         [part(&self.status), part(&self.machine), part(&self.state)].join("\u{1}") + "\u{1}" + text
     }
 
-    fn admits(&self, row: &Row, text: Option<&Needle>) -> bool {
+    /// Whether `row` has the status, machine and state asked (the text aside).
+    fn fields_admit(&self, row: &Row) -> bool {
         let is = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);
         is(&self.status, row.0.status.name())
             && is(&self.machine, row.0.machine)
             && is(&self.state, row.0.state)
-            && text.is_none_or(|text| row.contains(text))
     }
 }
 
@@ -583,35 +660,29 @@ pub(super) async fn list<E: Send + Sync + 'static>(
     let limit = query.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT);
     let text = query.q.as_deref().map(str::trim).filter(|t| !t.is_empty());
     let needle = text.map(|text| Needle::new(text, &snapshot));
-    let admitted = |row: &Row| query.admits(row, needle.as_ref());
+    let needle = needle.filter(|needle| !needle.text.is_empty());
+    let needle = needle.as_ref();
     // Where the page starts: just after `after`. The first request of a filter on a
     // snapshot counts its matches in the same pass that collects the page (and over the
     // rows before it); later ones stop once the page is full.
     let none = || -> Box<dyn Iterator<Item = &Row>> { Box::new(std::iter::empty()) };
-    let (before, from): (
-        Box<dyn Iterator<Item = &Row>>,
-        Box<dyn Iterator<Item = &Row>>,
-    ) = match (descending, query.after) {
-        (false, None) => (none(), Box::new(snapshot.ascending(0))),
-        (false, Some(after)) => (
-            Box::new(snapshot.descending(after)),
-            after
-                .checked_add(1)
-                .map_or_else(none, |from| Box::new(snapshot.ascending(from))),
-        ),
-        (true, None) => (none(), Box::new(snapshot.descending(u64::MAX))),
-        (true, Some(after)) => (
-            Box::new(snapshot.ascending(after)),
-            after
-                .checked_sub(1)
-                .map_or_else(none, |to| Box::new(snapshot.descending(to))),
-        ),
+    let up = |from| -> Box<dyn Iterator<Item = &Row>> {
+        Box::new(snapshot.ascending(from, &query, needle))
     };
-    let key = query.filter_key(needle.as_ref());
+    let down = |to| -> Box<dyn Iterator<Item = &Row>> {
+        Box::new(snapshot.descending(to, &query, needle))
+    };
+    let (before, from) = match (descending, query.after) {
+        (false, None) => (none(), up(0)),
+        (false, Some(after)) => (down(after), after.checked_add(1).map_or_else(none, up)),
+        (true, None) => (none(), down(u64::MAX)),
+        (true, Some(after)) => (up(after), after.checked_sub(1).map_or_else(none, down)),
+    };
+    let key = query.filter_key(needle);
     let known = snapshot.matched(&key);
     let mut page: Vec<&Row> = Vec::with_capacity(limit + 1);
     let mut counted = 0;
-    for row in from.filter(|row| admitted(row)) {
+    for row in from {
         counted += 1;
         if page.len() <= limit {
             page.push(row);
@@ -620,7 +691,7 @@ pub(super) async fn list<E: Send + Sync + 'static>(
         }
     }
     let matched = known.unwrap_or_else(|| {
-        let matched = counted + before.filter(|row| admitted(row)).count();
+        let matched = counted + before.count();
         snapshot.remember_matched(key, matched);
         matched
     });
@@ -663,7 +734,8 @@ mod tests {
 
     /// Rows, counts and children, to compare two snapshots.
     fn contents(snapshot: &Snapshot) -> String {
-        let rows: Vec<String> = (snapshot.ascending(0))
+        let all = ListQuery::default();
+        let rows: Vec<String> = (snapshot.ascending(0, &all, None))
             .map(|row| format!("{}:{}:{}", row.id(), row.0.steps, row.0.status.name()))
             .collect();
         let mut children: Vec<_> = snapshot.children.iter().collect();
@@ -706,12 +778,55 @@ mod tests {
     }
 
     #[test]
+    fn a_text_filter_finds_events_and_errors_whatever_their_case_and_never_across_rows() {
+        let mut infos = vec![
+            info(1, None, 0, true),
+            info(2, None, 0, true),
+            info(3, None, 0, false),
+            info(CHUNK + 1, None, 0, true),
+        ];
+        infos[0].status = Status::Suspended {
+            event: "Go-Alpha".into(),
+        };
+        infos[1].status = Status::Suspended {
+            event: "beta".into(),
+        };
+        infos[2].error = Some(crate::Error::fatal("Region Refused"));
+        infos[3].status = Status::Suspended {
+            event: "alphabet".into(),
+        };
+        let snapshot = Snapshot::whole(0, infos, Instant::now());
+        let all = ListQuery::default();
+        let found = |text: &str| {
+            let needle = Needle::new(text, &snapshot);
+            let rows = snapshot.ascending(0, &all, Some(&needle));
+            rows.map(Row::id).collect::<Vec<_>>()
+        };
+        assert_eq!(found("ALPHA"), [1, CHUNK + 1]);
+        assert_eq!(found("refused"), [3]);
+        assert_eq!(
+            found("alphabeta"),
+            Vec::<u64>::new(),
+            "rows 1 and 2 are not one text"
+        );
+        assert_eq!(found("a\0b"), found("ab"), "a NUL is dropped from a needle");
+        assert_eq!(found("odd"), [1, 3, CHUNK + 1], "machine names match too");
+        let down = |text: &str| {
+            let needle = Needle::new(text, &snapshot);
+            let rows = snapshot.descending(u64::MAX, &all, Some(&needle));
+            rows.map(Row::id).collect::<Vec<_>>()
+        };
+        assert_eq!(down("alpha"), [CHUNK + 1, 1]);
+    }
+
+    #[test]
     fn rows_are_read_from_any_id_up_or_down_across_chunks() {
         let ids = [1, 5, CHUNK - 1, CHUNK, 3 * CHUNK + 7];
         let infos = ids.iter().map(|&id| info(id, None, 0, false)).collect();
         let snapshot = Snapshot::whole(0, infos, Instant::now());
-        let up = |from| snapshot.ascending(from).map(Row::id).collect::<Vec<_>>();
-        let down = |to| snapshot.descending(to).map(Row::id).collect::<Vec<_>>();
+        let all = ListQuery::default();
+        let up = |from| (snapshot.ascending(from, &all, None).map(Row::id)).collect::<Vec<_>>();
+        let down = |to| (snapshot.descending(to, &all, None).map(Row::id)).collect::<Vec<_>>();
         assert_eq!(up(0), ids);
         assert_eq!(up(6), [CHUNK - 1, CHUNK, 3 * CHUNK + 7]);
         assert_eq!(up(CHUNK + 1), [3 * CHUNK + 7]);
