@@ -12,7 +12,8 @@
 //! * `commits_polled_vs_quiet`: durable steps/s of 256 closed-loop clients of the
 //!   ten-step machine while four pages poll the list every second (as the page does:
 //!   with `since`, a full answer whenever something changed, which at this rate is every
-//!   time), divided by the same with no poll. The two sides take turns (`alternate`).
+//!   time), divided by the same with no poll. The two sides take turns (`alternate`, ten
+//!   rounds of 2 s each).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -125,11 +126,11 @@ async fn polled_vs_quiet(executor: &Executor<()>, addr: SocketAddr) -> f64 {
     let pollers: Vec<_> = (0..4)
         .map(|_| tokio::spawn(poll_like_a_page(addr, Arc::clone(&polling))))
         .collect();
-    // Five rounds: one round's ratio swings by half either way on this VM (the WAL's
+    // Ten rounds: one round's ratio swings by a third either way on this VM (the WAL's
     // fsyncs), and the build a poll starts lands in one side's slice or the next.
     let turns = alternate(
-        5,
-        Duration::from_secs(3),
+        10,
+        Duration::from_secs(2),
         |slice| {
             polling.store(true, Ordering::SeqCst);
             let executor = executor.clone();

@@ -170,6 +170,8 @@ pub(crate) struct Entry {
     pub(crate) nonce: Option<Box<str>>,
     /// Wall-clock end, ms since the epoch, for retention.
     pub(crate) finished_ms: Option<u64>,
+    /// Its id is in the table's journal, not yet taken (see [`Table::noted`]).
+    pub(crate) noted: bool,
 }
 
 /// What callers and operators asked of a procedure, until it has acted on it. Rare: one
@@ -211,6 +213,7 @@ impl Entry {
             asked: None,
             nonce: nonce.map(Box::from),
             finished_ms,
+            noted: false,
         }
     }
 
@@ -349,8 +352,17 @@ impl Waiters {
 impl Table {
     /// Notes that procedure `id`'s entry was added, changed or removed (for the admin's
     /// list: see [`Journal`](super::journal::Journal)).
+    /// An entry is noted once until a list takes it (its `noted` flag, cleared as the
+    /// list reads it), so a busy procedure's thousand steps are one id in the journal.
     pub(crate) fn noted(&mut self, id: u64) {
-        self.journal.note(id, self.procs.len());
+        if !self.journal.is_on() {
+            return;
+        }
+        let already =
+            (self.procs.get_mut(&id)).is_some_and(|e| std::mem::replace(&mut e.noted, true));
+        if !already {
+            self.journal.note(id, self.procs.len());
+        }
     }
 
     /// Registers procedure `id` as suspended on `event`.

@@ -3,7 +3,10 @@
 //! not the whole table.
 //!
 //! The table notes every id whose entry it adds, changes or removes, under the lock it
-//! holds for the change anyway: a push onto a vector. Nothing is noted until a list first
+//! holds for the change anyway: a push onto a vector, once per entry until the list takes
+//! it (the entry's `noted` flag, which the list clears as it reads the entry; a busy
+//! procedure's thousand steps are then one id, and the journal holds at most one id per
+//! procedure, plus the removed ones). Nothing is noted until a list first
 //! takes the table whole ([`Journal::restart`]), so an executor whose admin nobody reads
 //! pays one branch per change. A journal nobody takes stops growing at
 //! [`Journal::note`]'s bound and asks the next list to take the table whole.
@@ -16,8 +19,8 @@ pub(crate) struct Journal {
     ids: Option<Vec<u64>>,
 }
 
-/// The fewest ids a journal holds before it gives up (on a small table, where taking
-/// it whole is cheap anyway, the bound is this).
+/// Ids a journal holds, beyond twice its table's size, before it gives up (a small
+/// table, whose whole read is cheap anyway, still gets this many).
 const AT_LEAST: usize = 1 << 16;
 
 /// What a list must read to be current.
@@ -30,17 +33,24 @@ pub(crate) enum Noted {
 }
 
 impl Journal {
-    /// Notes that procedure `id`'s snapshot changed, in a table of `procedures`. Past
-    /// `procedures` ids (or [`AT_LEAST`]) since the last take, reading them all would
-    /// cost as much as reading the table: the journal stops and frees them.
+    /// Notes that procedure `id`'s snapshot changed, in a table of `procedures`. An id
+    /// is noted once per entry until taken, but a removed one again: a churning table
+    /// notes each procedure about twice (added, removed). Past `2 × procedures +`
+    /// [`AT_LEAST`] ids since the last take, reading them would cost more than reading
+    /// the table: the journal stops and frees them.
     pub(crate) fn note(&mut self, id: u64, procedures: usize) {
         if let Some(ids) = &mut self.ids {
-            if ids.len() < procedures.max(AT_LEAST) {
+            if ids.len() < 2 * procedures + AT_LEAST {
                 ids.push(id);
             } else {
                 self.ids = None;
             }
         }
+    }
+
+    /// Whether ids are being noted.
+    pub(crate) fn is_on(&self) -> bool {
+        self.ids.is_some()
     }
 
     /// Starts noting afresh: the table is being taken whole.
@@ -90,7 +100,7 @@ mod tests {
     fn a_journal_nobody_takes_gives_up_at_its_bound() {
         let mut journal = Journal::default();
         journal.restart();
-        for id in 0..=AT_LEAST as u64 {
+        for id in 0..=(AT_LEAST + 20) as u64 {
             journal.note(id, 10);
         }
         assert_eq!(

@@ -170,13 +170,18 @@ impl<E: Send + Sync + 'static> Executor<E> {
         infos.into_iter().filter_map(|(_, info)| info).collect()
     }
 
-    /// Procedures `ids`' snapshots (`None` for those gone), a few thousand per lock.
+    /// Procedures `ids`' snapshots (`None` for those gone), a few thousand per lock; each
+    /// read clears its entry's `noted` flag, so its next change is noted again.
     #[cfg(feature = "admin")]
     fn infos_of(&self, ids: &[u64]) -> Vec<(u64, Option<super::ProcedureInfo>)> {
         let mut all = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(4096) {
-            let table = self.inner.table();
-            let info = |id: &u64| table.procs.get(id).map(|e| e.info.borrow().clone());
+            let mut table = self.inner.table();
+            let mut info = |id: &u64| {
+                let entry = table.procs.get_mut(id)?;
+                entry.noted = false;
+                Some(entry.info.borrow().clone())
+            };
             all.extend(chunk.iter().map(|id| (*id, info(id))));
         }
         all
