@@ -34,6 +34,7 @@ on_both_stores! {
     abort_rolls_back_at_the_next_boundary => abort_rolls_back_at_the_next_boundary;
     timeout_fails_a_stuck_procedure => timeout_fails_a_stuck_procedure;
     finished_procedures_are_removed_after_retention => finished_procedures_are_removed_after_retention;
+    procedures_ended_before_a_restart_are_removed_after_retention => procedures_ended_before_a_restart_are_removed_after_retention;
     queue_full_is_an_error_not_memory => queue_full_is_an_error_not_memory;
     abort_of_a_queued_procedure_does_not_wait_for_a_slot => abort_of_a_queued_procedure_does_not_wait_for_a_slot;
     shutdown_finishes_the_step_in_flight_and_resumes_later => shutdown_finishes_the_step_in_flight_and_resumes_later;
@@ -554,6 +555,33 @@ async fn finished_procedures_are_removed_after_retention(store: TestStore) {
         .await
         .unwrap();
     assert_ne!(again, id);
+}
+
+/// Retention takes ended procedures from a queue by end time: those loaded ended at a
+/// restart are queued too.
+async fn procedures_ended_before_a_restart_are_removed_after_retention(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let ended = executor.submit(Counter::named("p")).await.unwrap();
+    executor.wait(ended).bounded().await.unwrap();
+    executor.kill();
+    let config = Config {
+        retention: Duration::from_millis(100),
+        cleanup_interval: Duration::from_millis(20),
+        ..test_config()
+    };
+    let executor = start_with(&store, &ledger, config).await;
+    let later = executor.submit(Counter::named("q")).await.unwrap();
+    executor.wait(later).bounded().await.unwrap();
+    for _ in 0..100 {
+        if executor.list().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(executor.list(), [], "both removed after retention");
+    assert!(store.store.load().await.unwrap().records.is_empty());
+    executor.shutdown().bounded().await.unwrap();
 }
 
 async fn queue_full_is_an_error_not_memory(store: TestStore) {

@@ -5,6 +5,7 @@ use super::hooks::WriteKind;
 use super::inner::{Entry, Inner, Table};
 use crate::stored::record::{NONCE_PREFIX, now_ms};
 use procflow_store::Batch;
+use std::cmp::Reverse;
 use std::sync::Arc;
 
 /// Runs until the executor stops, cleaning up every `Config::cleanup_interval`.
@@ -25,20 +26,7 @@ pub(crate) async fn run<E: Send + Sync + 'static>(inner: Arc<Inner<E>>) {
 async fn clean<E>(inner: &Inner<E>) -> Result<(), super::ExecutorError> {
     let retention = u64::try_from(inner.config.retention.as_millis()).unwrap_or(u64::MAX);
     let now = now_ms();
-    let expired: Vec<(u64, Option<Box<str>>)> = {
-        let table = inner.table();
-        table
-            .procs
-            .iter()
-            .filter(|(_, entry)| {
-                entry
-                    .finished_ms
-                    .is_some_and(|at| at.saturating_add(retention) <= now)
-            })
-            .filter(|(_, entry)| !has_live_ancestor(&table, entry))
-            .map(|(id, entry)| (*id, entry.nonce.clone()))
-            .collect()
-    };
+    let expired = expired(&mut inner.table(), retention, now);
     if expired.is_empty() {
         return Ok(());
     }
@@ -68,6 +56,36 @@ async fn clean<E>(inner: &Inner<E>) -> Result<(), super::ExecutorError> {
         }
     }
     Ok(())
+}
+
+/// The procedures ended `retention` ms or more before `now`, with their nonces, taken
+/// from the table's queue of ends ([`Table::ended`]) in the order they ended: the
+/// lock is held for the expired ones, not for a pass over a table of a million
+/// procedures. A queued end that no longer holds (the procedure was revived, or is
+/// gone) is dropped; one whose tree still has a live root waits for the next round.
+fn expired(table: &mut Table, retention: u64, now: u64) -> Vec<(u64, Option<Box<str>>)> {
+    let mut expired = Vec::new();
+    let mut waiting = Vec::new();
+    while let Some(&Reverse((at, id))) = table.ended.peek() {
+        if at.saturating_add(retention) > now {
+            break;
+        }
+        table.ended.pop();
+        let Some(entry) = table.procs.get(&id) else {
+            continue;
+        };
+        // Revived since (its next end is queued when it comes), or queued twice.
+        if entry.finished_ms != Some(at) || expired.last().is_some_and(|(last, _)| *last == id) {
+            continue;
+        }
+        if has_live_ancestor(table, entry) {
+            waiting.push(Reverse((at, id)));
+        } else {
+            expired.push((id, entry.nonce.clone()));
+        }
+    }
+    table.ended.extend(waiting);
+    expired
 }
 
 /// Whether a procedure above `entry` in its tree is still live.

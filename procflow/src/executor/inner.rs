@@ -13,7 +13,8 @@ use crate::stored::record::NEXT_ID_KEY;
 use crate::{Error, ProcedureId};
 use futures_util::FutureExt;
 use procflow_store::{Batch, Op, Store, StoreError};
-use std::collections::{BTreeSet, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::{Notify, Semaphore, oneshot, watch};
@@ -130,6 +131,10 @@ pub(crate) struct Table {
     pub(crate) reserved_id: u64,
     /// The procedures whose snapshots changed since the admin's list last took them.
     pub(crate) journal: super::journal::Journal,
+    /// Ended procedures by the time they ended (ms since the epoch), earliest first, for
+    /// retention (`cleanup.rs`); an entry may be queued more than once, or be revived
+    /// since: retention checks its `finished_ms` before it deletes.
+    pub(crate) ended: BinaryHeap<Reverse<(u64, u64)>>,
 }
 
 /// How a procedure dealt with an operator's request.
@@ -350,6 +355,13 @@ impl Waiters {
 }
 
 impl Table {
+    /// Queues procedure `id`, which ended at `finished_ms` (if it has), for retention.
+    pub(crate) fn ended_at(&mut self, id: u64, finished_ms: Option<u64>) {
+        if let Some(at) = finished_ms {
+            self.ended.push(Reverse((at, id)));
+        }
+    }
+
     /// Notes that procedure `id`'s entry was added, changed or removed (for the admin's
     /// list: see [`Journal`](super::journal::Journal)).
     /// An entry is noted once until a list takes it (its `noted` flag, cleared as the

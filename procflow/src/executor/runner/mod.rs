@@ -226,6 +226,7 @@ fn insert_entry_locked<'t, E>(
     info: ProcedureInfo,
 ) -> &'t mut Entry {
     table.noted(launch.id);
+    table.ended_at(launch.id, launch.envelope.finished_ms);
     // Boxed: the map's spare slots (a hash map is up to half empty) then cost a pointer
     // each, not a whole entry.
     table.procs.entry(launch.id).or_insert_with(|| {
@@ -711,6 +712,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             entry.finished_ms = self.envelope.finished_ms;
             entry.publish(info);
             table.noted(self.id);
+            table.ended_at(self.id, self.envelope.finished_ms);
         }
         if let Some(parent) = self.parent.and_then(|parent| table.procs.get_mut(&parent)) {
             parent.rouse();
