@@ -115,19 +115,21 @@ async fn cli_reads_and_acts_through_the_admin_api() {
     executor.shutdown().bounded().await.unwrap();
 }
 
-/// Issue 32: the CLI's reads use the endpoints the page uses (the list from memory, one
-/// procedure by key), never the whole catalog, which reads the whole store.
+/// Issue 32: the CLI uses the endpoints the page uses (the list from memory, one
+/// procedure by key), never the whole catalog, which reads the whole store: its reads,
+/// and its writes, whether they name ids or select by filter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cli_reads_use_the_list_and_by_key_endpoints_not_the_catalog() {
     use std::sync::{Arc, Mutex};
     let dir = tempfile::tempdir().unwrap();
     let log = Log::default();
     let executor = start(dir.path(), &log).await;
-    let [alpha, _, _] = three_jobs(&executor, &log).await;
+    let [alpha, beta, _] = three_jobs(&executor, &log).await;
     // The admin's router, behind a layer that records every path asked.
     let asked = Arc::new(Mutex::new(Vec::<String>::new()));
     let recorder = Arc::clone(&asked);
     let app = procflow::admin::Admin::new(executor.clone())
+        .token(TOKEN)
         .router()
         .layer(axum::middleware::from_fn(
             move |request: axum::extract::Request, next: axum::middleware::Next| {
@@ -162,6 +164,42 @@ async fn cli_reads_use_the_list_and_by_key_endpoints_not_the_catalog() {
         listed.contains("UPDATED") && listed.contains("on go-alpha"),
         "{listed}"
     );
+    // Writes: by id, and in bulk by filter (which selects from the list, and only the
+    // procedures that have not ended).
+    let beta_id = beta.get().to_string();
+    let bypass = ["bypass", &beta_id, "--reason", "by hand", "--token", TOKEN];
+    let (ok, out, err) = procflow(&bypass[..], &url).await;
+    assert!(ok && out.contains("done for 1 procedure(s)"), "{out} {err}");
+    assert_eq!(
+        executor.wait(beta).bounded().await.unwrap(),
+        Outcome::Bypassed
+    );
+    let bulk = [
+        "abort",
+        "--status",
+        "suspended",
+        "--machine",
+        "job",
+        "--older-than",
+        "0s",
+        "--token",
+        TOKEN,
+        "--reason",
+        "bulk",
+    ];
+    let (ok, out, err) = procflow(&bulk, &url).await;
+    assert!(ok && out.contains("done for 1 procedure(s)"), "{out} {err}");
+    assert!(matches!(
+        executor.wait(alpha).bounded().await.unwrap(),
+        Outcome::RolledBack(_)
+    ));
+    let (ok, _, err) = procflow(&["abort", "--status", "succeeded", "--token", TOKEN], &url).await;
+    assert!(
+        !ok && err.contains("no procedure matches"),
+        "ended ones are not selected: {err}"
+    );
+    let (ok, _, err) = procflow(&["abort", "99", "--token", TOKEN], &url).await;
+    assert!(!ok && err.contains("no procedure #99"), "{err}");
     let asked = asked.lock().unwrap().clone();
     assert!(!asked.iter().any(|p| p == "/api/catalog"), "{asked:?}");
     assert!(!asked.iter().any(|p| p == "/api/procedures"), "{asked:?}");

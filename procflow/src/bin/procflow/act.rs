@@ -1,7 +1,7 @@
 //! The write commands: each stores a request for the executor, which carries it out when
 //! it next starts on the store, or, with `--url`, hands it to the running executor.
 
-use crate::args::{Place, Target};
+use crate::args::{Filter, Place, Target};
 use crate::remote;
 use procflow::operator::{Action, Catalog, Request, leave_request};
 use procflow::store::{Store, StoreError, WalConfig, WalStore};
@@ -11,10 +11,10 @@ pub fn abort(
     at: &Place,
     token: Option<&str>,
     target: &Target,
-    ids: impl FnOnce(&Catalog) -> Result<Vec<u64>, String>,
+    ids: impl FnOnce(&dyn Procedures) -> Result<Vec<u64>, String>,
 ) -> Result<(), String> {
-    leave(at, token, |catalog| {
-        let requests = ids(catalog)?
+    leave(at, token, |procedures| {
+        let requests = ids(procedures)?
             .into_iter()
             .map(|id| Request::new(Action::Abort(id), &target.by, &target.reason));
         Ok(requests.collect())
@@ -26,13 +26,13 @@ pub fn bypass(
     token: Option<&str>,
     target: &Target,
     recursive: bool,
-    ids: impl FnOnce(&Catalog) -> Result<Vec<u64>, String>,
+    ids: impl FnOnce(&dyn Procedures) -> Result<Vec<u64>, String>,
 ) -> Result<(), String> {
     if target.reason.is_empty() {
         return Err("a bypass needs --reason: it is recorded in the procedure's history".into());
     }
-    leave(at, token, |catalog| {
-        let requests = ids(catalog)?
+    leave(at, token, |procedures| {
+        let requests = ids(procedures)?
             .into_iter()
             .map(|id| Request::new(Action::Bypass { id, recursive }, &target.by, &target.reason));
         Ok(requests.collect())
@@ -45,12 +45,22 @@ pub fn wake(at: &Place, token: Option<&str>, event: String, by: &str) -> Result<
     })
 }
 
+/// Where a write command finds the procedures it names: the stopped store's catalog,
+/// or a running executor's list and records (by id, and `/api/summaries` for a filter;
+/// never its whole store).
+pub trait Procedures {
+    /// `Ok` if procedure `id` exists; else why not.
+    fn check(&self, id: u64) -> Result<(), String>;
+    /// The procedures `filter` selects that have not ended, by id.
+    fn live(&self, filter: &Filter) -> Result<Vec<u64>, String>;
+}
+
 /// Makes the requests and hands them over: to the admin API at `--url`, or into the
 /// stopped store at `--store`.
 fn leave(
     at: &Place,
     token: Option<&str>,
-    make: impl FnOnce(&Catalog) -> Result<Vec<Request>, String>,
+    make: impl FnOnce(&dyn Procedures) -> Result<Vec<Request>, String>,
 ) -> Result<(), String> {
     match (&at.url, &at.store) {
         (Some(url), _) => send(url, token, make),
@@ -63,9 +73,9 @@ fn leave(
 fn send(
     url: &str,
     token: Option<&str>,
-    make: impl FnOnce(&Catalog) -> Result<Vec<Request>, String>,
+    make: impl FnOnce(&dyn Procedures) -> Result<Vec<Request>, String>,
 ) -> Result<(), String> {
-    let requests = make(&remote::catalog(url, token)?)?;
+    let requests = make(&remote::Remote { url, token })?;
     if requests.is_empty() {
         return Err("no procedure matches".to_owned());
     }
@@ -91,7 +101,7 @@ fn send(
 /// Opens the store for writing, stores the requests `make` makes, and says so.
 fn store(
     dir: &Path,
-    make: impl FnOnce(&Catalog) -> Result<Vec<Request>, String>,
+    make: impl FnOnce(&dyn Procedures) -> Result<Vec<Request>, String>,
 ) -> Result<(), String> {
     // Not created if missing: a typo must not make an empty store.
     WalStore::read_only(dir).map_err(|e| e.to_string())?;

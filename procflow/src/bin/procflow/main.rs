@@ -72,21 +72,21 @@ fn run(cli: Cli) -> Result<(), String> {
         } => print::locks(&remote::held_locks(&url, token)?, json),
         // Reads of a store directory.
         Command::List { at, filter } => {
-            let catalog = read(&at, token)?;
+            let catalog = read(&at)?;
             let records = select(&catalog, &filter)?;
             print::list(&records, json);
             print::unreadable(catalog.unreadable());
         }
         Command::Show { id, at } => {
-            let catalog = read(&at, token)?;
+            let catalog = read(&at)?;
             print::show(Some(&catalog), record(&catalog, id)?, json);
         }
         Command::History { id, at } => {
-            let catalog = read(&at, token)?;
+            let catalog = read(&at)?;
             print::history(record(&catalog, id)?, json);
         }
         Command::Diagram { id, at } => {
-            let catalog = read(&at, token)?;
+            let catalog = read(&at)?;
             let found = record(&catalog, id)?;
             let diagram = catalog.diagram(found.id).ok_or_else(|| {
                 format!(
@@ -96,10 +96,10 @@ fn run(cli: Cli) -> Result<(), String> {
             })?;
             print!("{diagram}");
         }
-        Command::Locks { at } => print::locks(&read(&at, token)?.held_locks(), json),
+        Command::Locks { at } => print::locks(&read(&at)?.held_locks(), json),
         Command::Abort { target, at } => {
-            act::abort(&at, token, &target, |catalog| {
-                select_ids(catalog, &target.ids, &target.filter)
+            act::abort(&at, token, &target, |procedures| {
+                select_ids(procedures, &target.ids, &target.filter)
             })?;
         }
         Command::Wake { event, by, at } => act::wake(&at, token, event, &by)?,
@@ -107,19 +107,15 @@ fn run(cli: Cli) -> Result<(), String> {
             target,
             recursive,
             at,
-        } => act::bypass(&at, token, &target, recursive, |catalog| {
-            select_ids(catalog, &target.ids, &target.filter)
+        } => act::bypass(&at, token, &target, recursive, |procedures| {
+            select_ids(procedures, &target.ids, &target.filter)
         })?,
     }
     Ok(())
 }
 
-/// Reads a WAL directory without locking it, or asks the admin API (with the token, for
-/// an admin whose reads need one).
-fn read(at: &Place, token: Option<&str>) -> Result<Catalog, String> {
-    if let Some(url) = &at.url {
-        return remote::catalog(url, token);
-    }
+/// Reads a WAL directory without locking it (the `--url` reads are answered above).
+fn read(at: &Place) -> Result<Catalog, String> {
     let store = at.store.as_deref().ok_or("give --store DIR or --url URL")?;
     let loaded = WalStore::read_only(store).map_err(|e| e.to_string())?;
     Ok(Catalog::from_loaded(&loaded))
@@ -148,8 +144,24 @@ fn select<'a>(catalog: &'a Catalog, filter: &Filter) -> Result<Vec<&'a Procedure
         .collect())
 }
 
+impl act::Procedures for Catalog {
+    fn check(&self, id: u64) -> Result<(), String> {
+        record(self, id).map(drop)
+    }
+
+    fn live(&self, filter: &Filter) -> Result<Vec<u64>, String> {
+        let selected = select(self, filter)?;
+        let live = selected.iter().filter(|r| !r.status.is_finished());
+        Ok(live.map(|r| r.id.get()).collect())
+    }
+}
+
 /// The ids given, or those the filter selects (the bulk forms); never both, never none.
-fn select_ids(catalog: &Catalog, ids: &[u64], filter: &Filter) -> Result<Vec<u64>, String> {
+fn select_ids(
+    procedures: &dyn act::Procedures,
+    ids: &[u64],
+    filter: &Filter,
+) -> Result<Vec<u64>, String> {
     if !ids.is_empty() {
         if filter.any() {
             return Err(
@@ -158,7 +170,7 @@ fn select_ids(catalog: &Catalog, ids: &[u64], filter: &Filter) -> Result<Vec<u64
             );
         }
         for &id in ids {
-            record(catalog, id)?;
+            procedures.check(id)?;
         }
         return Ok(ids.to_vec());
     }
@@ -167,7 +179,5 @@ fn select_ids(catalog: &Catalog, ids: &[u64], filter: &Filter) -> Result<Vec<u64
             "name the procedures: ids, or filters (--status, --machine, --older-than)".into(),
         );
     }
-    let selected = select(catalog, filter)?;
-    let live = selected.iter().filter(|r| !r.status.is_finished());
-    Ok(live.map(|r| r.id.get()).collect())
+    procedures.live(filter)
 }

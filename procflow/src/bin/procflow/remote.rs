@@ -2,13 +2,17 @@
 //! (`procflow::admin`). Reads use the endpoints the page uses, which answer from the
 //! executor's memory or by key: `list` pages through `/api/summaries`, `show`,
 //! `history` and `diagram` read one procedure by id, `locks` reads `/api/locks`. Writes
-//! post their requests, which it carries out at once; selecting the procedures of a
-//! bulk write by filter reads its catalog.
+//! post their requests, which it carries out at once; a write checks the ids it names
+//! by key, and a bulk write selects its procedures from the same list.
 
 use procflow::ProcedureId;
 use procflow::locks::Lock;
-use procflow::operator::{Action, Catalog, ProcedureRecord, Request};
+use procflow::operator::{Action, ProcedureRecord, Request};
 use serde_json::{Value, json};
+use std::time::{Duration, SystemTime};
+
+use crate::act::Procedures;
+use crate::args::Filter;
 
 /// Rows asked per page of `/api/summaries` (its most).
 const PAGE: usize = 1000;
@@ -47,6 +51,46 @@ pub fn list(
     }
 }
 
+/// A running executor, as a write command finds the procedures it names.
+pub struct Remote<'a> {
+    pub url: &'a str,
+    pub token: Option<&'a str>,
+}
+
+impl Procedures for Remote<'_> {
+    fn check(&self, id: u64) -> Result<(), String> {
+        record(self.url, self.token, id).map(drop)
+    }
+
+    /// The list's rows with the filter's status and machine (filtered by the server),
+    /// submitted before `--older-than` ago and not ended.
+    fn live(&self, filter: &Filter) -> Result<Vec<u64>, String> {
+        let (status, machine) = (filter.status.as_deref(), filter.machine.as_deref());
+        let rows = list(self.url, self.token, status, machine)?;
+        let older_than = filter.older_than.map(|age| SystemTime::now() - age.0);
+        let mut live = Vec::new();
+        for row in &rows {
+            let (Some(id), Some(submitted)) = (row["id"].as_u64(), row["submitted_ms"].as_u64())
+            else {
+                return Err(format!(
+                    "{} answered a row this CLI cannot read: {row}",
+                    self.url
+                ));
+            };
+            let submitted = SystemTime::UNIX_EPOCH + Duration::from_millis(submitted);
+            let ended = ENDED.contains(&row["status"]["name"].as_str().unwrap_or_default());
+            if !ended && older_than.is_none_or(|limit| submitted <= limit) {
+                live.push(id);
+            }
+        }
+        Ok(live)
+    }
+}
+
+/// The names of the statuses of an ended procedure, as the API writes them
+/// (`Status::name` of those whose `is_finished` holds).
+const ENDED: [&str; 4] = ["succeeded", "rolled-back", "failed", "bypassed"];
+
 /// One procedure's record, read by id (`GET /api/procedures/{id}`).
 pub fn record(url: &str, token: Option<&str>, id: u64) -> Result<ProcedureRecord, String> {
     let body = get(url, &format!("api/procedures/{id}"), token)?;
@@ -84,17 +128,6 @@ fn get(url: &str, path: &str, token: Option<&str>) -> Result<Value, String> {
         return Err(error_of(status, &body));
     }
     Ok(body)
-}
-
-/// The executor's live catalog (`GET /api/catalog`), with `token` if given (an admin with
-/// a read token wants one).
-pub fn catalog(url: &str, token: Option<&str>) -> Result<Catalog, String> {
-    let (status, body) = call(url, "api/catalog", token, None)?;
-    if status != 200 {
-        return Err(error_of(status, &body));
-    }
-    serde_json::from_value(body)
-        .map_err(|e| format!("{url} answered a catalog this CLI cannot read: {e}"))
 }
 
 /// Posts `request`; says what became of it, or why it failed.
