@@ -14,8 +14,8 @@
 //! baseline measured in the same run (higher is better); the summary's ratios come from
 //! sides that take turns in short slices where the drift of this VM between seconds
 //! would otherwise decide them (`drive::alternate`). The last line is
-//! `summary: single_vs_raw=X wal256_vs_raw=X wal256_vs_redb=X mem_vs_loop=X load_vs_read=X
-//! wal1024_vs_mem=X rss_vs_live=X`, `n/a` for what is not measured. `rss_vs_live` is lower
+//! `summary: single_vs_raw=X single_vs_prealloc=X wal256_vs_raw=X wal256_vs_redb=X
+//! mem_vs_loop=X load_vs_read=X wal1024_vs_mem=X rss_vs_live=X`, `n/a` for what is not measured. `rss_vs_live` is lower
 //! is better; every other ratio higher is better.
 //!
 //! Workloads 5 to 7 (HBase's store workload, restart, disk use after churn) run their own
@@ -117,6 +117,8 @@ impl Plan {
 #[derive(Default)]
 struct Summary {
     single_vs_raw: Option<f64>,
+    /// Against the raw loop into space allocated ahead, as the WAL's segments are.
+    single_vs_prealloc: Option<f64>,
     wal256_vs_raw: Option<f64>,
     wal256_vs_redb: Option<f64>,
     mem_vs_loop: Option<f64>,
@@ -129,8 +131,9 @@ impl Summary {
     fn line(&self) -> String {
         let show = |ratio: Option<f64>| ratio.map_or("n/a".to_owned(), |r| format!("{r:.2}"));
         format!(
-            "summary: single_vs_raw={} wal256_vs_raw={} wal256_vs_redb={} mem_vs_loop={} load_vs_read={} wal1024_vs_mem={} rss_vs_live={}",
+            "summary: single_vs_raw={} single_vs_prealloc={} wal256_vs_raw={} wal256_vs_redb={} mem_vs_loop={} load_vs_read={} wal1024_vs_mem={} rss_vs_live={}",
             show(self.single_vs_raw),
+            show(self.single_vs_prealloc),
             show(self.wal256_vs_raw),
             show(self.wal256_vs_redb),
             show(self.mem_vs_loop),
@@ -547,6 +550,7 @@ fn single_procedure(
         interleaved.ratio_to_preallocated()
     );
     summary.single_vs_raw = Some(ratio);
+    summary.single_vs_prealloc = Some(interleaved.ratio_to_preallocated());
 }
 
 /// Workload 2: the executor on the durable WAL at each concurrency vs the raw loop.

@@ -544,12 +544,12 @@ mod tests {
         assert_eq!(got, None);
     }
 
-    /// A recovered value owns its bytes (recovery copies it out of its segment's buffer)
-    /// and keeps them when compaction rewrites it forward and deletes its segment: no
-    /// value in memory shares a buffer with others, which a few live ones could keep
-    /// resident (issue 16).
+    /// A recovered value is copied out of its segment's buffer (into an arena of the
+    /// segment's live values, issue 33) and keeps those bytes when compaction rewrites it
+    /// forward and deletes its segment: no value in memory comes to point into a buffer
+    /// of records, which a few live ones could keep resident (issue 16).
     #[tokio::test]
-    async fn recovered_values_own_their_bytes_through_compaction() {
+    async fn recovered_values_keep_their_copy_through_compaction() {
         let dir = tempfile::tempdir().unwrap();
         let config = WalConfig {
             segment_size: 4096,
@@ -566,6 +566,7 @@ mod tests {
         drop(store);
 
         let store = WalStore::open(dir.path(), config).unwrap();
+        let copied = store.inner.lock_log().state.records[&1].value.as_ptr();
         let first_segment = || store.inner.lock_log().writer.segments()[0].number;
         let oldest = first_segment();
         // Churn another procedure until the segment holding the idle ones is compacted.
@@ -580,6 +581,10 @@ mod tests {
         let log = store.inner.lock_log();
         let value = &log.state.records[&1].value;
         assert_eq!(value, &idle);
-        assert!(value.is_unique(), "shares a buffer");
+        assert_eq!(
+            value.as_ptr(),
+            copied,
+            "compaction replaced the copy made at open"
+        );
     }
 }

@@ -201,15 +201,33 @@ pub(crate) fn payload_matches(header: &RecordHeader, payload: &[u8]) -> bool {
     crc32c::crc32c(payload) == header.payload_crc
 }
 
-/// Decodes a checksum-verified payload. The values are slices of `payload`, not copies:
-/// decoding allocates nothing per value (recovery copies out only the values still live
-/// at the end of their segment).
-pub(crate) fn decode_payload(payload: &Bytes) -> Result<Vec<Change>, String> {
-    match postcard::take_from_bytes::<Vec<Change<&[u8]>>>(payload) {
-        Ok((changes, [])) => Ok(changes.into_iter().map(|c| c.share(payload)).collect()),
-        Ok((_, rest)) => Err(format!("{} trailing bytes after the payload", rest.len())),
-        Err(e) => Err(format!("undecodable payload: {e}")),
+/// Decodes a checksum-verified payload, handing `each` its changes one by one. The values
+/// are slices of `payload`, not copies, and no list of the changes is made: decoding
+/// allocates nothing per value or record (recovery copies out only the values still
+/// live at the end of their segment). On an error, the changes before it were handed
+/// over already.
+pub(crate) fn for_each_change(payload: &Bytes, mut each: impl FnMut(Change)) -> Result<(), String> {
+    let undecodable = |e: postcard::Error| format!("undecodable payload: {e}");
+    // A sequence is its length, as a varint like a `usize`'s, then its elements.
+    let (count, mut rest) = postcard::take_from_bytes::<usize>(payload).map_err(undecodable)?;
+    for _ in 0..count {
+        let (change, after) =
+            postcard::take_from_bytes::<Change<&[u8]>>(rest).map_err(undecodable)?;
+        each(change.share(payload));
+        rest = after;
     }
+    match rest {
+        [] => Ok(()),
+        rest => Err(format!("{} trailing bytes after the payload", rest.len())),
+    }
+}
+
+/// Decodes a checksum-verified payload whole: [`for_each_change`], collected.
+#[cfg(test)]
+pub(crate) fn decode_payload(payload: &Bytes) -> Result<Vec<Change>, String> {
+    let mut changes = Vec::new();
+    for_each_change(payload, |change| changes.push(change))?;
+    Ok(changes)
 }
 
 #[cfg(test)]

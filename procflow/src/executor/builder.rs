@@ -386,19 +386,25 @@ fn resume<E: Send + Sync + 'static>(
     loaded: &Loaded,
     aborted: &[u64],
 ) -> Result<(), ExecutorError> {
-    let parents: HashMap<u64, Option<u64>> =
-        loaded.records.iter().map(|r| (r.id, r.parent)).collect();
-    // Oldest first: the order they took their locks in before the restart.
+    // Oldest first: the order they took their locks in before the restart. Also how a
+    // parent is found (by binary search: a map of every record's parent cost a restart
+    // of a million procedures tens of MB it kept afterwards, freed but not returned).
     let mut records: Vec<&Record> = loaded.records.iter().collect();
-    records.sort_by_key(|record| record.id);
-    let mut live = Vec::new();
+    records.sort_unstable_by_key(|record| record.id);
+    let parent_of = |id: u64| {
+        let at = records.binary_search_by_key(&id, |record| record.id).ok()?;
+        records[at].parent
+    };
+    // Sized once: grown by doubling, it left its smaller copies behind as free memory.
+    let mut live = Vec::with_capacity(records.iter().filter(|r| !r.finished).count());
+    inner.table().reserve(records.len());
     // Recorded holders get their locks back as they come, guesses (records older than
     // the field) after all of them; `guessed` says where those are in `live`.
     let mut give_back = GiveBack::new(&inner.locks);
     let mut guessed = HashMap::new();
     let mut roots = 0;
-    for record in records {
-        let Some(mut launch) = rebuild(inner, record, &parents) else {
+    for &record in &records {
+        let Some(mut launch) = rebuild(inner, record, parent_of) else {
             continue;
         };
         runner::insert_loaded(inner, &launch);
@@ -568,9 +574,9 @@ fn newer_than_this_build<E>(
 fn rebuild<E: Send + Sync + 'static>(
     inner: &Inner<E>,
     record: &Record,
-    parents: &HashMap<u64, Option<u64>>,
+    parent_of: impl Fn(u64) -> Option<u64>,
 ) -> Option<Launch<E>> {
-    let ancestors = restore::ancestors(record.id, parents);
+    let ancestors = restore::ancestors(record.id, parent_of);
     let stored = launch_stored(
         inner,
         record.id,

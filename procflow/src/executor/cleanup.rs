@@ -49,6 +49,7 @@ async fn clean<E>(inner: &Inner<E>) -> Result<(), super::ExecutorError> {
         let mut table = inner.table();
         for (id, nonce) in chunk {
             table.procs.remove(id);
+            table.nonce_of.remove(id);
             table.noted(*id);
             if let Some(nonce) = nonce {
                 table.nonces.remove(&**nonce);
@@ -81,7 +82,7 @@ fn expired(table: &mut Table, retention: u64, now: u64) -> Vec<(u64, Option<Box<
         if has_live_ancestor(table, entry) {
             waiting.push(Reverse((at, id)));
         } else {
-            expired.push((id, entry.nonce.clone()));
+            expired.push((id, table.nonce_of.get(&id).cloned()));
         }
     }
     table.ended.extend(waiting);

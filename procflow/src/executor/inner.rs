@@ -119,6 +119,9 @@ pub(crate) struct Inner<E> {
 pub(crate) struct Table {
     pub(crate) procs: HashMap<u64, Box<Entry>>,
     pub(crate) nonces: HashMap<String, u64>,
+    /// The nonce each procedure submitted with one has, for retention to delete: beside
+    /// the entries, not in them, as few have one (16 bytes less per entry).
+    pub(crate) nonce_of: HashMap<u64, Box<str>>,
     /// Nonces whose submit is being persisted: a second submit with the same nonce waits
     /// for the first (told through the `Notify`) instead of making a second procedure.
     pub(crate) pending_nonces: HashMap<String, Arc<Notify>>,
@@ -172,7 +175,6 @@ pub(crate) struct Entry {
     pub(crate) parked: Option<Parked>,
     /// What callers and operators asked of it and wait on, if anything (see [`Asked`]).
     asked: Option<Box<Asked>>,
-    pub(crate) nonce: Option<Box<str>>,
     /// Wall-clock end, ms since the epoch, for retention.
     pub(crate) finished_ms: Option<u64>,
     /// Its id is in the table's journal, not yet taken (see [`Table::noted`]).
@@ -210,13 +212,12 @@ impl Asked {
 }
 
 impl Entry {
-    pub(crate) fn new(info: ProcedureInfo, nonce: Option<&str>, finished_ms: Option<u64>) -> Self {
+    pub(crate) fn new(info: ProcedureInfo, finished_ms: Option<u64>) -> Self {
         Entry {
             info: Watched::new(info),
             wake: None,
             parked: None,
             asked: None,
-            nonce: nonce.map(Box::from),
             finished_ms,
             noted: false,
         }
@@ -375,6 +376,13 @@ impl Table {
         if !already {
             self.journal.note(id, self.procs.len());
         }
+    }
+
+    /// Makes room for `additional` more procedures at once (a start loading every
+    /// stored one): grown by doubling instead, the map leaves each smaller table behind
+    /// as free memory the process keeps.
+    pub(crate) fn reserve(&mut self, additional: usize) {
+        self.procs.reserve(additional);
     }
 
     /// Registers procedure `id` as suspended on `event`.

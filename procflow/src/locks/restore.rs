@@ -19,7 +19,7 @@
 
 use super::{Lock, LockTable};
 use crate::ProcedureId;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 /// A live procedure that holds, or may hold, its locks for life, as its record says.
 #[derive(Clone, Debug)]
@@ -126,17 +126,17 @@ pub(crate) fn may_have_taken(steps: u64, waits: bool, running: bool) -> bool {
     steps > 0 || waits || !running
 }
 
-/// The parent, grandparent… of `id`, from each record's parent (a damaged chain that
-/// loops is cut where it comes back).
-pub(crate) fn ancestors(id: u64, parents: &HashMap<u64, Option<u64>>) -> Vec<u64> {
+/// The parent, grandparent… of `id`, `parent_of` giving each record's parent (a damaged
+/// chain that loops is cut where it comes back).
+pub(crate) fn ancestors(id: u64, parent_of: impl Fn(u64) -> Option<u64>) -> Vec<u64> {
     let mut ancestors = Vec::new();
-    let mut at = parents.get(&id).copied().flatten();
+    let mut at = parent_of(id);
     while let Some(parent) = at {
         if parent == id || ancestors.contains(&parent) {
             break;
         }
         ancestors.push(parent);
-        at = parents.get(&parent).copied().flatten();
+        at = parent_of(parent);
     }
     ancestors
 }

@@ -129,7 +129,7 @@ impl Catalog {
             let owner = r.id.get();
             Claim {
                 owner,
-                ancestors: ancestors(owner, &parents),
+                ancestors: ancestors(owner, |id| parents.get(&id).copied().flatten()),
                 locks: r.locks.clone(),
                 recorded: !guessed.contains(&owner),
             }

@@ -23,6 +23,7 @@ use crate::executor::builder::launch_stored;
 use crate::executor::inner::{Entry, Inner, Parked, Sleeper};
 use crate::stored::record::now_ms;
 use procflow_store::Bytes;
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -193,8 +194,12 @@ impl<E: Send + Sync + 'static> Sleeper for SleepingRunner<E> {
 pub(crate) struct Reload<E> {
     inner: Arc<Inner<E>>,
     id: u64,
-    parent: Option<u64>,
-    ancestors: Box<[u64]>,
+    /// 8 bytes, not 16 (a million dormant procedures, 8 MB): no executor hands out id 0,
+    /// and a procedure whose parent is 0 is not parked as a `Reload` (`Resumed::new`).
+    parent: Option<NonZeroU64>,
+    /// `None` for a root, as most are: a pointer, not an empty slice's 16 bytes.
+    #[allow(clippy::box_collection)]
+    ancestors: Option<Box<Vec<u64>>>,
     /// Whether it holds its locks (for life, given back at start).
     holding: bool,
     /// Its value as the store holds it (shared, not a copy).
@@ -207,11 +212,15 @@ impl<E: Send + Sync + 'static> Reload<E> {
         Box::new(Reload {
             inner: Arc::clone(inner),
             id: launch.id,
-            parent: launch.parent,
-            ancestors: launch.ancestors.into_boxed_slice(),
+            parent: launch.parent.and_then(NonZeroU64::new),
+            ancestors: (!launch.ancestors.is_empty()).then(|| Box::new(launch.ancestors)),
             holding: launch.holding,
             value,
         })
+    }
+
+    fn parent(&self) -> Option<u64> {
+        self.parent.map(NonZeroU64::get)
     }
 
     /// Marks it as holding its locks (given back at start).
@@ -223,7 +232,7 @@ impl<E: Send + Sync + 'static> Reload<E> {
     /// must not sleep, it runs.
     pub(super) fn park(self: Box<Self>, until_ms: Option<u64>) {
         let inner = Arc::clone(&self.inner);
-        leave_admission(&inner, self.parent);
+        leave_admission(&inner, self.parent());
         if let Err(reload) = lay_down(&inner, self.id, until_ms, self) {
             let wake = super::signal_of(&inner, reload.id);
             (*reload).start(wake);
@@ -233,7 +242,7 @@ impl<E: Send + Sync + 'static> Reload<E> {
     /// Gives it a task, counted in again, whose runner `wake` wakes.
     fn start(self, wake: Arc<Notify>) {
         tracing::trace!(id = self.id, "roused");
-        rejoin_admission(&self.inner, self.parent);
+        rejoin_admission(&self.inner, self.parent());
         let inner = Arc::clone(&self.inner);
         inner.spawn(self.run(wake));
     }
@@ -247,7 +256,9 @@ impl<E: Send + Sync + 'static> Reload<E> {
             holding,
             value,
         } = self;
-        let loaded = launch_stored(&inner, id, parent, ancestors.into_vec(), &value, false);
+        let parent = parent.map(NonZeroU64::get);
+        let ancestors = ancestors.map(|ancestors| *ancestors).unwrap_or_default();
+        let loaded = launch_stored(&inner, id, parent, ancestors, &value, false);
         match loaded {
             Ok(mut launch) => {
                 launch.holding = holding;

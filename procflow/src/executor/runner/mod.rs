@@ -89,9 +89,12 @@ pub(crate) enum Resumed<E> {
 impl<E: Send + Sync + 'static> Resumed<E> {
     /// `launch`, just loaded from `value`, its entry in the table.
     pub(crate) fn new(inner: &Arc<Inner<E>>, launch: Launch<E>, value: Bytes) -> Self {
-        // A record a newer build wrote runs at once, to be reported stuck.
+        // A record a newer build wrote runs at once, to be reported stuck. So does one
+        // whose parent id is 0, which no executor hands out and a `Reload` cannot keep.
         let suspended = match &launch.envelope.wait {
-            Wait::Event { until_ms, .. } if launch.newer.is_none() => Some(*until_ms),
+            Wait::Event { until_ms, .. } if launch.newer.is_none() && launch.parent != Some(0) => {
+                Some(*until_ms)
+            }
             _ => None,
         };
         let Some(until_ms) = suspended else {
@@ -229,13 +232,15 @@ fn insert_entry_locked<'t, E>(
     table.ended_at(launch.id, launch.envelope.finished_ms);
     // Boxed: the map's spare slots (a hash map is up to half empty) then cost a pointer
     // each, not a whole entry.
-    table.procs.entry(launch.id).or_insert_with(|| {
-        Box::new(Entry::new(
-            info,
-            launch.envelope.nonce.as_deref(),
-            launch.envelope.finished_ms,
-        ))
-    })
+    if let Some(nonce) = &launch.envelope.nonce
+        && !table.procs.contains_key(&launch.id)
+    {
+        table.nonce_of.insert(launch.id, nonce.as_str().into());
+    }
+    table
+        .procs
+        .entry(launch.id)
+        .or_insert_with(|| Box::new(Entry::new(info, launch.envelope.finished_ms)))
 }
 
 /// The signal that wakes procedure `id`'s task (see [`Entry::signal`]); one linked to

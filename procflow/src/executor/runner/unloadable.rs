@@ -76,6 +76,7 @@ pub(super) fn give_up<E>(
         reason,
     });
     let entry = table.procs.remove(&id);
+    table.nonce_of.remove(&id);
     table.noted(id);
     if let Some(parent) = parent.and_then(|parent| table.procs.get_mut(&parent)) {
         parent.rouse();
