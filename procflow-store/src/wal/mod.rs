@@ -6,6 +6,7 @@
 //! replays at open, [`compaction`] reclaims space, [`config`] holds the knobs. The bytes
 //! are described in `docs/FORMAT.md`.
 
+mod arena;
 mod committer;
 mod compaction;
 mod config;

@@ -15,10 +15,10 @@
 //! first record carries. A missing segment, or a closed one cut short at a record
 //! boundary, breaks one of these chains.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::arena::{self, Arenas};
 use super::compaction::LiveIndex;
 use super::record::{self, HeaderError, RECORD_HEADER_LEN, RECORD_MARKER, RecordHeader};
 use super::segment::{self, FIRST_SEQ_UNKNOWN, SEGMENT_HEADER_LEN, TMP_SUFFIX};
@@ -26,7 +26,7 @@ use super::writer::SegmentInfo;
 use crate::error::StoreError;
 use crate::io::{IoBackend, LogFile};
 use crate::state::{Change, State};
-use crate::store::{ProcId, Record};
+use crate::store::ProcId;
 use bytes::Bytes;
 
 /// One valid record found by [`scan_segment`].
@@ -465,10 +465,16 @@ fn replay(
     let mut index = LiveIndex::default();
     let mut segments = Vec::with_capacity(numbers.len());
     let mut seqs = SeqCheck::default();
+    let mut arenas = Arenas::default();
     let last_number = numbers.last().copied().unwrap_or(0);
-    // Every segment is read into this one buffer, whose memory is mapped once: a fresh
-    // buffer per segment costs a page fault per 4 KiB read.
+    // Segments are read into two buffers in turn, whose memory is mapped once: a fresh
+    // buffer per segment costs a page fault per 4 KiB read. Two, because a segment's live
+    // values are copied out only once the next segment has been applied: a procedure
+    // that ended in one segment is often deleted in the next, and its value, copied,
+    // would have left a hole in an arena (`arena.rs`).
     let mut buffer = Vec::new();
+    // The segment before this one: its bytes, and the ids it put.
+    let mut previous: Option<(Bytes, Vec<ProcId>)> = None;
     for &number in numbers {
         let path = segment::path(dir, number);
         backend
@@ -491,8 +497,10 @@ fn replay(
             })?;
         }
         let (valid_len, was_torn) = (scan.valid_len(), scan.torn().is_some());
-        copy_out(&mut state, put);
-        buffer = reclaim(bytes);
+        if let Some((bytes, put)) = previous.replace((bytes, put)) {
+            arenas.copy_out(&mut state.records, put, &bytes);
+            buffer = reclaim(bytes);
+        }
         if was_torn {
             torn(&path, valid_len)?;
         }
@@ -502,82 +510,17 @@ fn replay(
             len: valid_len,
         });
     }
-    state.records = repack(std::mem::take(&mut state.records));
+    if let Some((bytes, put)) = previous {
+        arenas.copy_out(&mut state.records, put, &bytes);
+    }
+    arenas.finish(&mut state.records);
+    state.records = arena::repack(std::mem::take(&mut state.records));
     Ok(Replayed {
         state,
         index,
         segments,
         next_seq: seqs.expected.unwrap_or(1),
     })
-}
-
-/// The most bytes of values [`copy_out`] puts in one allocation. An arena lives while any
-/// of its values does: a procedure that outlives the others of its arena keeps this
-/// much, at most, in memory (and no more than the arena's values at the restart).
-const ARENA_BYTES: usize = 256 * 1024;
-
-/// Gives each record in `put` (ids a segment put, in any order, repeats allowed) a copy
-/// of its value, so that no value points into the segment's buffer and the buffer can be
-/// reused. Decoding makes every value a slice of the buffer, superseded ones included;
-/// copying at the segment's end copies only the values still live then. Left as slices,
-/// a few live values kept a whole segment in memory: after a restart the store held the
-/// log's size on disk, about twice its live values (issue 16).
-///
-/// The copies are packed into arenas of up to [`ARENA_BYTES`], not one allocation each:
-/// a value of its own cost its allocation's header and rounding and, once shared with
-/// the executor, the shared count `Bytes` adds (about 45 bytes per value), and a call to
-/// the allocator (issue 33).
-fn copy_out(state: &mut State, mut put: Vec<ProcId>) {
-    put.sort_unstable();
-    put.dedup();
-    let value_len = |state: &State, id: &ProcId| state.records.get(id).map_or(0, |r| r.value.len());
-    let mut rest = &put[..];
-    while !rest.is_empty() {
-        // At least one value, however large; then as many as fit.
-        let mut len = value_len(state, &rest[0]);
-        let mut count = 1;
-        while let Some(id) = rest.get(count) {
-            let next = value_len(state, id);
-            if len + next > ARENA_BYTES {
-                break;
-            }
-            len += next;
-            count += 1;
-        }
-        let (group, after) = rest.split_at(count);
-        let mut arena = Vec::with_capacity(len);
-        for id in group {
-            if let Some(record) = state.records.get(id) {
-                arena.extend_from_slice(&record.value);
-            }
-        }
-        let arena = Bytes::from(arena);
-        let mut at = 0;
-        for id in group {
-            // The latest change of `id` is in this segment: the value is a slice of it.
-            if let Some(record) = state.records.get_mut(id) {
-                let end = at + record.value.len();
-                record.value = arena.slice(at..end);
-                at = end;
-            }
-        }
-        rest = after;
-    }
-}
-
-/// The same map in full nodes. Replay inserts ids in about ascending order and deletes
-/// ended ones, which leaves a B-tree's leaves about 60 % full (7 of 11 entries measured
-/// after workload 6's restart). `append` onto a non-empty map merges both in order into
-/// nodes it fills completely (but the right edge), freeing each old node as it is read:
-/// the new nodes take the old ones' place, and no list of every entry is made, as
-/// `collect` would. About 45 bytes less per live record for as long as the store is open.
-fn repack(mut records: BTreeMap<ProcId, Record>) -> BTreeMap<ProcId, Record> {
-    let mut packed = BTreeMap::new();
-    if let Some((id, record)) = records.pop_first() {
-        packed.insert(id, record);
-        packed.append(&mut records);
-    }
-    packed
 }
 
 /// The allocation behind `bytes`, emptied, for the next segment: no copy once no value
@@ -640,6 +583,7 @@ fn read_once(backend: &dyn IoBackend, dir: &Path) -> Result<State, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::ProcId;
     use crate::wal::record::KIND_BATCH;
 
     /// A segment of `records` records, each its own group (synced before the next).
