@@ -23,7 +23,6 @@ use crate::executor::builder::launch_stored;
 use crate::executor::inner::{Entry, Inner, Parked, Sleeper};
 use crate::stored::record::now_ms;
 use procflow_store::Bytes;
-use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -194,16 +193,20 @@ impl<E: Send + Sync + 'static> Sleeper for SleepingRunner<E> {
 pub(crate) struct Reload<E> {
     inner: Arc<Inner<E>>,
     id: u64,
-    /// 8 bytes, not 16 (a million dormant procedures, 8 MB): no executor hands out id 0,
-    /// and a procedure whose parent is 0 is not parked as a `Reload` (`Resumed::new`).
-    parent: Option<NonZeroU64>,
-    /// `None` for a root, as most are: a pointer, not an empty slice's 16 bytes.
-    #[allow(clippy::box_collection)]
-    ancestors: Option<Box<Vec<u64>>>,
+    /// Its parent and ancestors; `None` for a root, as most are: one pointer, not the
+    /// 32 bytes of an optional parent and an empty list (a million dormant procedures,
+    /// 24 MB).
+    lineage: Option<Box<Lineage>>,
     /// Whether it holds its locks (for life, given back at start).
     holding: bool,
     /// Its value as the store holds it (shared, not a copy).
     value: Bytes,
+}
+
+/// A child's place in its tree, for [`Reload`].
+struct Lineage {
+    parent: u64,
+    ancestors: Vec<u64>,
 }
 
 impl<E: Send + Sync + 'static> Reload<E> {
@@ -212,15 +215,19 @@ impl<E: Send + Sync + 'static> Reload<E> {
         Box::new(Reload {
             inner: Arc::clone(inner),
             id: launch.id,
-            parent: launch.parent.and_then(NonZeroU64::new),
-            ancestors: (!launch.ancestors.is_empty()).then(|| Box::new(launch.ancestors)),
+            lineage: launch.parent.map(|parent| {
+                Box::new(Lineage {
+                    parent,
+                    ancestors: launch.ancestors,
+                })
+            }),
             holding: launch.holding,
             value,
         })
     }
 
     fn parent(&self) -> Option<u64> {
-        self.parent.map(NonZeroU64::get)
+        self.lineage.as_ref().map(|lineage| lineage.parent)
     }
 
     /// Marks it as holding its locks (given back at start).
@@ -251,13 +258,14 @@ impl<E: Send + Sync + 'static> Reload<E> {
         let Reload {
             inner,
             id,
-            parent,
-            ancestors,
+            lineage,
             holding,
             value,
         } = self;
-        let parent = parent.map(NonZeroU64::get);
-        let ancestors = ancestors.map(|ancestors| *ancestors).unwrap_or_default();
+        let (parent, ancestors) = match lineage {
+            Some(lineage) => (Some(lineage.parent), lineage.ancestors),
+            None => (None, Vec::new()),
+        };
         let loaded = launch_stored(&inner, id, parent, ancestors, &value, false);
         match loaded {
             Ok(mut launch) => {

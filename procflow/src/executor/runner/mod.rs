@@ -89,12 +89,9 @@ pub(crate) enum Resumed<E> {
 impl<E: Send + Sync + 'static> Resumed<E> {
     /// `launch`, just loaded from `value`, its entry in the table.
     pub(crate) fn new(inner: &Arc<Inner<E>>, launch: Launch<E>, value: Bytes) -> Self {
-        // A record a newer build wrote runs at once, to be reported stuck. So does one
-        // whose parent id is 0, which no executor hands out and a `Reload` cannot keep.
+        // A record a newer build wrote runs at once, to be reported stuck.
         let suspended = match &launch.envelope.wait {
-            Wait::Event { until_ms, .. } if launch.newer.is_none() && launch.parent != Some(0) => {
-                Some(*until_ms)
-            }
+            Wait::Event { until_ms, .. } if launch.newer.is_none() => Some(*until_ms),
             _ => None,
         };
         let Some(until_ms) = suspended else {
