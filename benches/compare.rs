@@ -27,7 +27,9 @@
 //! durable WAL, or the executor on `MemStore`; `hand:256` is the hand loop persisting to
 //! a `MemStore` (workload 4's second baseline); `raw:1` is the raw write+fdatasync loop
 //! with records of a step's size. `-- --cell single:R` runs workload 1 alone, interleaved
-//! in R rounds over the cell's time. `-- --cell restart:N` builds workload 6's log of N
+//! in R rounds over the cell's time. `-- --cell durable:1024` measures `wal1024_vs_mem`
+//! alone, `-- --cell overhead:N` `mem_vs_loop` at N clients (the summary's is at 256),
+//! each with its two sides taking turns as in the full run. `-- --cell restart:N` builds workload 6's log of N
 //! procedures, then restarts on it five times (page cache warm), each in a fresh process;
 //! with `--log DIR` it keeps the log in DIR, or restarts on the one DIR already holds.
 //! `-- --history N` runs every workload with `Config::history = N` (default 32), to
@@ -347,7 +349,24 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             );
             return;
         }
-        other => panic!("unknown cell kind {other}: store, wal, mem, hand, raw, single or restart"),
+        "durable" => {
+            // `wal1024_vs_mem` alone (the count after the colon is ignored).
+            durability_cost(plan, runtime, base, &mut Summary::default());
+            return;
+        }
+        "overhead" => {
+            // `mem_vs_loop` alone, at the given count of clients.
+            let turns = runtime.block_on(executor_against_hand_store(clients, plan.cell));
+            let (executor, hand) = (turns.a.steps_per_sec(), turns.b.steps_per_sec());
+            println!(
+                "overhead:{clients}: executor {executor:.0}/s, hand loop {hand:.0}/s, mem_vs_loop={:.2}",
+                executor / hand
+            );
+            return;
+        }
+        other => panic!(
+            "unknown cell kind {other}: store, wal, mem, hand, raw, single, restart, durable or overhead"
+        ),
     };
     println!("{cell}: {rate:.0}/s");
 }

@@ -7,6 +7,7 @@ use super::erased::{DynProcedure, Registry};
 use super::error::ExecutorError;
 use super::hooks::KillHook;
 use super::inner::{self, Inner, Mode, Table};
+use super::lanes::Lanes;
 use super::requests;
 use super::runner::{self, Launch, Resumed};
 use super::status::Unloadable;
@@ -235,8 +236,8 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             hook: self.hook,
             fencing_token: self.fencing_token,
             writes: AtomicU64::new(0),
+            lanes: Lanes::start(&tokio::runtime::Handle::current()),
             tasks: TaskTracker::new(),
-            runtime: tokio::runtime::Handle::current(),
             requests_seen: std::sync::Mutex::default(),
             timers: Arc::default(),
             #[cfg(feature = "admin")]

@@ -100,9 +100,10 @@ pub(crate) struct Inner<E> {
     pub(crate) fencing_token: Option<u64>,
     pub(crate) writes: AtomicU64,
     pub(crate) tasks: TaskTracker,
-    /// The runtime the executor started on: a dormant procedure may be roused from
-    /// outside it (a synchronous `abort`), and its task is spawned there.
-    pub(crate) runtime: tokio::runtime::Handle,
+    /// The tasks that poll the procedures' futures ([`Lanes`](super::lanes::Lanes)),
+    /// on the runtime the executor started on: a procedure may be roused from outside
+    /// it (a synchronous `abort`).
+    pub(crate) lanes: super::lanes::Lanes,
     /// Keys of operator requests this executor has in hand (`false`: being carried out,
     /// or unreadable) or has concluded (`true`) while a poll may still read them from
     /// before their delete: the poll for requests left by other processes skips them.
@@ -495,9 +496,10 @@ impl<E> Inner<E> {
         drop(parked);
     }
 
-    /// Spawns a task of the executor on its runtime, from anywhere.
+    /// Runs a procedure's future (or another of the executor's) on one of its lanes,
+    /// tracked for shutdown; callable from anywhere.
     pub(crate) fn spawn(&self, task: impl Future<Output = ()> + Send + 'static) {
-        self.runtime.spawn(self.tasks.track_future(task));
+        self.lanes.run(self.tasks.track_future(task));
     }
 
     pub(crate) fn is_running(&self) -> bool {

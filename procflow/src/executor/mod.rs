@@ -51,6 +51,7 @@ mod error;
 mod hooks;
 mod inner;
 mod journal;
+mod lanes;
 mod lazy;
 mod requests;
 mod runner;

@@ -67,9 +67,7 @@ where
         machine: M::NAME,
     };
     let (reply, written) = oneshot::channel();
-    inner
-        .tasks
-        .spawn(persist_and_run(Arc::clone(inner), new, reply));
+    inner.spawn(persist_and_run(Arc::clone(inner), new, reply));
     // No answer: the runtime is going away with the task.
     written
         .await

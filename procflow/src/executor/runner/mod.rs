@@ -67,7 +67,7 @@ pub(crate) fn launch<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, launch: La
 fn start<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, launch: Launch<E>, wake: Arc<Notify>) {
     let runner = Runner::new(inner, launch, wake);
     let span = runner.span();
-    inner.tasks.spawn(runner.run().instrument(span));
+    inner.spawn(runner.run().instrument(span));
 }
 
 /// A procedure loaded at start, its entry in the table, to start once every loaded
@@ -854,7 +854,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
     }
 }
 
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
