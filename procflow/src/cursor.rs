@@ -93,17 +93,40 @@ impl<M: StateMachine> Default for Cursor<M> {
     }
 }
 
+/// The most states whose room [`Cursor`]'s lists take at once: a procedure's steps then
+/// add to them without reallocating, up to this many states. (Grown one state at a time,
+/// the two lists reallocated six times in a ten-state procedure, and at 1,024
+/// procedures those reallocations were the second place the workers waited on glibc's
+/// arena locks; docs/BENCHMARKS.md, issue 33.)
+const ROOM: usize = 16;
+
 impl<M: StateMachine> Cursor<M> {
     /// A procedure about to run its initial state.
     #[must_use]
     pub fn new() -> Self {
+        let mut entries = Vec::with_capacity(Self::room());
+        entries.push((M::INITIAL, 1));
         Self {
             state: M::INITIAL,
             steps: 0,
-            completed: Vec::new(),
-            entries: vec![(M::INITIAL, 1)],
+            completed: Vec::with_capacity(Self::room()),
+            entries,
             phase: Phase::Running,
         }
+    }
+
+    /// Room for every state of the machine in each list, up to [`ROOM`].
+    fn room() -> usize {
+        M::STATES.len().min(ROOM)
+    }
+
+    /// `items` collected with [`room`](Self::room) for the states still to come.
+    fn with_room<T>(items: impl Iterator<Item = Result<T, String>>) -> Result<Vec<T>, String> {
+        let mut list = Vec::with_capacity(Self::room());
+        for item in items {
+            list.push(item?);
+        }
+        Ok(list)
     }
 
     /// The current state: the next one to execute while running.
@@ -324,16 +347,12 @@ impl<M: StateMachine> Cursor<M> {
         Ok(Self {
             state: state(&repr.state)?,
             steps: repr.steps,
-            completed: repr
-                .completed
-                .iter()
-                .map(|n| state(n))
-                .collect::<Result<_, _>>()?,
-            entries: repr
-                .entries
-                .iter()
-                .map(|(n, count)| Ok((state(n)?, *count)))
-                .collect::<Result<_, String>>()?,
+            completed: Self::with_room(repr.completed.iter().map(|n| state(n)))?,
+            entries: Self::with_room(
+                repr.entries
+                    .iter()
+                    .map(|(n, count)| Ok((state(n)?, *count))),
+            )?,
             phase: repr.phase.clone(),
         })
     }
