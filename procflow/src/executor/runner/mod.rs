@@ -156,6 +156,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             .and_then(|t| t.stuck_since_ms)
             .map(crate::stored::history::time_of);
         let locks = launch.locks().map_err(Error::fatal_from);
+        let machine = launch.procedure.machine();
         Runner {
             ctx: Context::new(ProcedureId::new(launch.id), Arc::clone(&inner.env))
                 .with_fencing_token(inner.fencing_token),
@@ -180,6 +181,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             parking: None,
             retry_at: None,
             lock_ticket: None,
+            step_seconds: metrics::histogram!("procflow_step_seconds", "machine" => machine),
         }
     }
 }
@@ -313,6 +315,10 @@ struct Runner<E> {
     retry_at: Option<u64>,
     /// The lock request it waits on, queued in the lock table.
     lock_ticket: Option<u64>,
+    /// `procflow_step_seconds` of its machine, taken from the recorder when the runner
+    /// is made: the macro with a label builds its key in a new `Vec` and hashes it, and
+    /// did so at every step.
+    step_seconds: metrics::Histogram,
     /// A newer build wrote its record (see [`Launch::newer`]): it is stuck, and this build
     /// writes nothing of it.
     newer: Option<Box<str>>,
@@ -542,7 +548,6 @@ impl<E: Send + Sync + 'static> Runner<E> {
             return Err(Exit);
         }
         let state = self.procedure.state();
-        let machine = self.procedure.machine();
         // The history names the state whose handler ran: the undone one for a rollback.
         self.ran = (self.procedure.step_state(), self.kind());
         let started = Instant::now();
@@ -561,8 +566,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             () = deadline => None,
         };
         drop(permit);
-        metrics::histogram!("procflow_step_seconds", "machine" => machine)
-            .record(started.elapsed().as_secs_f64());
+        self.step_seconds.record(started.elapsed().as_secs_f64());
         let Some(outcome) = outcome else {
             tracing::warn!(state, "deadline passed while the step ran; step cancelled");
             self.inner.wake_log.end_step(start);
