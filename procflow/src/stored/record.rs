@@ -277,14 +277,16 @@ impl Envelope {
         kind: StepKind,
         outcome: StepOutcome,
         keep: usize,
-    ) {
+    ) -> u64 {
+        let now = now_ms();
         let mark = Mark {
             state: Cow::Borrowed(state),
             kind,
-            after_ms: now_ms().saturating_sub(self.submitted_ms),
+            after_ms: now.saturating_sub(self.submitted_ms),
             outcome,
         };
         self.history.push(mark, keep);
+        now
     }
 
     /// Marks the procedure bypassed and finished, without running anything.

@@ -182,6 +182,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             retry_at: None,
             lock_ticket: None,
             step_seconds: metrics::histogram!("procflow_step_seconds", "machine" => machine),
+            noted_ms: None,
         }
     }
 }
@@ -319,6 +320,9 @@ struct Runner<E> {
     /// is made: the macro with a label builds its key in a new `Vec` and hashes it, and
     /// did so at every step.
     step_seconds: metrics::Histogram,
+    /// When [`note`](Self::note) last read the clock, for the next write's time: one
+    /// clock read a step instead of two.
+    noted_ms: Option<u64>,
     /// A newer build wrote its record (see [`Launch::newer`]): it is stuck, and this build
     /// writes nothing of it.
     newer: Option<Box<str>>,
@@ -521,7 +525,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// Appends an entry to the stored history (written with the next write).
     fn note(&mut self, state: &'static str, kind: StepKind, outcome: StepOutcome) {
         let keep = self.inner.config.history;
-        self.envelope.note(state, kind, outcome, keep);
+        self.noted_ms = Some(self.envelope.note(state, kind, outcome, keep));
     }
 
     /// Which handler runs now: the rollback handler while rolling back.
@@ -826,7 +830,15 @@ impl<E: Send + Sync + 'static> Runner<E> {
         if let Some(summary) = self.procedure.describe() {
             self.envelope.summary = summary;
         }
-        match self.envelope.encode(|out| self.procedure.encode_into(out)) {
+        // The write's time is the step's end, when `note` read the clock already.
+        let encoded = match self.noted_ms.take() {
+            Some(now) => {
+                self.envelope.updated_ms = now;
+                self.envelope.encode_as_is(|out| self.procedure.encode_into(out))
+            }
+            None => self.envelope.encode(|out| self.procedure.encode_into(out)),
+        };
+        match encoded {
             Ok(value) => Ok(value),
             Err(error) => {
                 self.reload_after_refusal(error.to_string()).await?;
