@@ -834,7 +834,8 @@ impl<E: Send + Sync + 'static> Runner<E> {
         let encoded = match self.noted_ms.take() {
             Some(now) => {
                 self.envelope.updated_ms = now;
-                self.envelope.encode_as_is(|out| self.procedure.encode_into(out))
+                self.envelope
+                    .encode_as_is(|out| self.procedure.encode_into(out))
             }
             None => self.envelope.encode(|out| self.procedure.encode_into(out)),
         };
