@@ -48,9 +48,7 @@ async fn clean<E>(inner: &Inner<E>) -> Result<(), super::ExecutorError> {
         inner.commit(0, WriteKind::Cleanup, batch).await?;
         let mut table = inner.table();
         for (id, nonce) in chunk {
-            table.procs.remove(id);
-            table.nonce_of.remove(id);
-            table.noted(*id);
+            table.remove(*id);
             if let Some(nonce) = nonce {
                 table.nonces.remove(&**nonce);
             }

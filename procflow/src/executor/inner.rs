@@ -379,6 +379,15 @@ impl Table {
         }
     }
 
+    /// Removes procedure `id`'s entry and its nonce, noting the change for the admin's
+    /// list. Returns the entry, if there was one.
+    pub(crate) fn remove(&mut self, id: u64) -> Option<Box<Entry>> {
+        let entry = self.procs.remove(&id);
+        self.nonce_of.remove(&id);
+        self.noted(id);
+        entry
+    }
+
     /// Makes room for `additional` more procedures at once (a start loading every
     /// stored one): grown by doubling instead, the map leaves each smaller table behind
     /// as free memory the process keeps.

@@ -75,9 +75,7 @@ pub(super) fn give_up<E>(
         machine: machine.to_owned(),
         reason,
     });
-    let entry = table.procs.remove(&id);
-    table.nonce_of.remove(&id);
-    table.noted(id);
+    let entry = table.remove(id);
     if let Some(parent) = parent.and_then(|parent| table.procs.get_mut(&parent)) {
         parent.rouse();
     }
