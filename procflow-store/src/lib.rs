@@ -44,7 +44,7 @@
 //! [`io::SimBackend`] simulates power loss at any sync, [`io::FaultBackend`] fails the
 //! Nth write or sync. The on-disk format is described in `docs/FORMAT.md`.
 #![warn(missing_docs)]
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![doc(test(attr(deny(warnings))))]
 
 mod error;

@@ -119,6 +119,10 @@ impl IoBackend for FaultBackend {
         self.inner.read_file_into(path, buf)
     }
 
+    fn map_file(&self, path: &Path) -> io::Result<Option<bytes::Bytes>> {
+        self.inner.map_file(path)
+    }
+
     fn create_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
         Ok(self.wrap(self.inner.create_file(path)?))
     }

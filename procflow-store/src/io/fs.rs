@@ -79,6 +79,23 @@ impl IoBackend for FsBackend {
         Ok(())
     }
 
+    #[allow(unsafe_code)]
+    fn map_file(&self, path: &Path) -> io::Result<Option<bytes::Bytes>> {
+        let file = File::open(path)?;
+        if file.metadata()?.len() == 0 {
+            // Nothing to map (and a zero-length mapping is an error).
+            return Ok(Some(bytes::Bytes::new()));
+        }
+        // SAFETY: the mapping is read-only and shared: it stays valid while the file is
+        // changed, but reading past the file's end after it was cut shorter raises
+        // `SIGBUS`. The WAL maps segments only while it holds the directory's lock, so no
+        // other procflow process writes them, and it reads only up to the length it
+        // truncates a torn tail to (`map_file`'s contract). `populate` reads the file in
+        // and maps every page in one call, instead of a fault per 64 KiB.
+        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file)? };
+        Ok(Some(bytes::Bytes::from_owner(map)))
+    }
+
     fn create_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
         let file = options().write(true).create_new(true).open(path)?;
         FsFile::shared(file)

@@ -47,6 +47,16 @@ pub trait IoBackend: Send + Sync + 'static {
         *buf = self.read_file(path)?;
         Ok(())
     }
+    /// The whole content of `path`, mapped into memory rather than copied, if the backend
+    /// can map files; `Ok(None)` if not (the default), and the caller reads the file.
+    ///
+    /// The caller must hold the directory's lock ([`IoBackend::lock_dir`]) and read only
+    /// bytes within the file's length as long as the mapping lives: a mapped file cut
+    /// shorter by someone else makes reading past its new end kill the process (`SIGBUS`).
+    fn map_file(&self, path: &Path) -> io::Result<Option<bytes::Bytes>> {
+        let _ = path;
+        Ok(None)
+    }
     /// Creates `path`, which must not exist (mode 0600 where supported), for appending.
     fn create_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>>;
     /// Opens the existing file `path` for appending.

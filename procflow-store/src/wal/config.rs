@@ -52,6 +52,17 @@ pub struct WalConfig {
     /// in bursts of up to 200 µs that hold its worker thread, yielding to other tasks
     /// between bursts. Zero: always sleep. Default: 500 µs.
     pub spin_wait: Duration,
+    /// Whether opening the store maps its segment files into memory to read them
+    /// (`mmap`, on the file system backend) instead of copying them into the process
+    /// with `read`: on the restart bench of docs/BENCHMARKS.md the log opened in about
+    /// half the time, the copy and a page fault per 4 KiB of fresh memory saved. The
+    /// price: a disk error while a segment is read is then a `SIGBUS` that ends the
+    /// process, not a [`StoreError::Io`](crate::StoreError::Io) from `open`; and another
+    /// process cutting a segment short while it is read (only possible against the
+    /// directory's lock) does the same. Only the opening process, holding the lock, maps:
+    /// the read-only reader (`procflow` admin's offline view) always reads. `false`:
+    /// always `read`. Default: `true`.
+    pub map_segments: bool,
 }
 
 impl Default for WalConfig {
@@ -61,6 +72,7 @@ impl Default for WalConfig {
             sync: SyncMode::Durable,
             inline_lone_commit: true,
             spin_wait: Duration::from_micros(500),
+            map_segments: true,
         }
     }
 }

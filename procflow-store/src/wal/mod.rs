@@ -176,7 +176,7 @@ impl WalStore {
             .ok_or_else(|| StoreError::Locked {
                 dir: dir.to_path_buf(),
             })?;
-        let recovered = recovery::recover(backend.as_ref(), dir, sync)?;
+        let recovered = recovery::recover(backend.as_ref(), dir, sync, config.map_segments)?;
         let writer = Writer::new(
             backend,
             dir,

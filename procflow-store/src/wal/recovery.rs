@@ -359,11 +359,14 @@ fn io_err(context: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> 
 
 /// Replays the log in `dir`: removes half-created segments, scans every segment, checks
 /// that no segment or record is missing, truncates a torn tail (durably when `sync`), creates
-/// the first segment of a new log, and opens the active segment for appending.
+/// the first segment of a new log, and opens the active segment for appending. With `map`,
+/// segments are mapped rather than read where the backend can (the caller holds the
+/// directory's lock: `WalConfig::map_segments`).
 pub(crate) fn recover(
     backend: &dyn IoBackend,
     dir: &Path,
     sync: bool,
+    map: bool,
 ) -> Result<Recovered, StoreError> {
     let names = backend
         .list_dir(dir)
@@ -405,7 +408,7 @@ pub(crate) fn recover(
             next_seq: 1,
         });
     };
-    let replayed = replay(backend, dir, &numbers, |path, valid_len| {
+    let replayed = replay(backend, dir, &numbers, map, |path, valid_len| {
         let file = backend
             .open_file(path)
             .map_err(io_err("opening a segment", path))?;
@@ -454,11 +457,16 @@ struct Replayed {
 
 /// Reads segments `numbers` (sorted, contiguous) in order and applies their records;
 /// calls `torn(path, valid_len)` for a segment whose tail is torn (only the last one can
-/// be: any other damage is [`StoreError::Corrupt`]).
+/// be: any other damage is [`StoreError::Corrupt`]). With `map`, segments are mapped
+/// ([`IoBackend::map_file`]) where the backend can: only bytes before the valid end are
+/// read once `torn` has cut a segment there, and no value points into a mapping once the
+/// replay is over (the live ones are copied out), so the writer appends to a file no
+/// longer mapped.
 fn replay(
     backend: &dyn IoBackend,
     dir: &Path,
     numbers: &[u64],
+    map: bool,
     mut torn: impl FnMut(&Path, u64) -> Result<(), StoreError>,
 ) -> Result<Replayed, StoreError> {
     let mut state = State::default();
@@ -477,10 +485,7 @@ fn replay(
     let mut previous: Option<(Bytes, Vec<ProcId>)> = None;
     for &number in numbers {
         let path = segment::path(dir, number);
-        backend
-            .read_file_into(&path, &mut buffer)
-            .map_err(io_err("reading a segment", &path))?;
-        let bytes = Bytes::from(std::mem::take(&mut buffer));
+        let bytes = read_segment(backend, &path, map, &mut buffer)?;
         let mut scan = Scanner::new(&path, number, &bytes, number == last_number)?;
         seqs.segment(&path, scan.first_seq)?;
         // The records this segment puts: their values are slices of `bytes`.
@@ -521,6 +526,28 @@ fn replay(
         segments,
         next_seq: seqs.expected.unwrap_or(1),
     })
+}
+
+/// Segment `path`'s bytes: mapped if `map` (the caller holds the directory's lock) and
+/// the backend can map files, else read into `buffer`'s memory.
+fn read_segment(
+    backend: &dyn IoBackend,
+    path: &Path,
+    map: bool,
+    buffer: &mut Vec<u8>,
+) -> Result<Bytes, StoreError> {
+    if map {
+        let mapped = backend
+            .map_file(path)
+            .map_err(io_err("mapping a segment", path))?;
+        if let Some(bytes) = mapped {
+            return Ok(bytes);
+        }
+    }
+    backend
+        .read_file_into(path, buffer)
+        .map_err(io_err("reading a segment", path))?;
+    Ok(Bytes::from(std::mem::take(buffer)))
 }
 
 /// The allocation behind `bytes`, emptied, for the next segment: no copy once no value
@@ -577,7 +604,7 @@ fn read_once(backend: &dyn IoBackend, dir: &Path) -> Result<State, StoreError> {
     }
     numbers.sort_unstable();
     check_segment_numbers(dir, &numbers)?;
-    Ok(replay(backend, dir, &numbers, |_, _| Ok(()))?.state)
+    Ok(replay(backend, dir, &numbers, false, |_, _| Ok(()))?.state)
 }
 
 #[cfg(test)]
@@ -702,12 +729,12 @@ mod tests {
         let sim = crate::io::SimBackend::new();
         write_old_segment(&sim, 1, 1..=3);
         write_old_segment(&sim, 2, 4..=5);
-        assert_eq!(recover(&sim, dir, true).unwrap().next_seq, 6);
+        assert_eq!(recover(&sim, dir, true, true).unwrap().next_seq, 6);
         // A record missing between them is still found.
         let sim = crate::io::SimBackend::new();
         write_old_segment(&sim, 1, 1..=2);
         write_old_segment(&sim, 2, 4..=5);
-        let Err(StoreError::Corrupt { file, reason, .. }) = recover(&sim, dir, true) else {
+        let Err(StoreError::Corrupt { file, reason, .. }) = recover(&sim, dir, true, true) else {
             panic!("a missing record went unnoticed");
         };
         assert_eq!(file, segment::path(dir, 2));
@@ -768,7 +795,7 @@ mod tests {
         for (backend, dir) in backends {
             write_segment(backend, dir, 1, 1, &first);
             write_segment(backend, dir, 2, 4, &second);
-            let state = recover(backend, dir, false).unwrap().state;
+            let state = recover(backend, dir, false, true).unwrap().state;
             let values: Vec<(ProcId, &[u8])> = state
                 .records
                 .iter()

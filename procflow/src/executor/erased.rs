@@ -239,7 +239,7 @@ impl<E: Send + Sync + 'static> Registry<E> {
         snapshot: &[u8],
     ) -> Result<Box<dyn DynProcedure<E>>, (String, String)> {
         let (name, machine) = self.machine_of(snapshot)?;
-        (machine.load)(snapshot).map_err(|e| (name, e.to_string()))
+        (machine.load)(snapshot).map_err(|e| (name.to_owned(), e.to_string()))
     }
 
     /// Rebuilds a procedure from its snapshot, leaving its data encoded until it runs
@@ -254,7 +254,7 @@ impl<E: Send + Sync + 'static> Registry<E> {
         snapshot: &Bytes,
     ) -> Result<Box<dyn DynProcedure<E>>, (String, String)> {
         let (name, machine) = self.machine_of(snapshot)?;
-        (machine.load_lazy)(snapshot).map_err(|e| (name, e.to_string()))
+        (machine.load_lazy)(snapshot).map_err(|e| (name.to_owned(), e.to_string()))
     }
 
     /// A stored snapshot's data as the admin shows it.
@@ -267,15 +267,14 @@ impl<E: Send + Sync + 'static> Registry<E> {
     }
 
     /// The registered machine a snapshot names, with its name.
-    fn machine_of(&self, snapshot: &[u8]) -> Result<(String, &Machine<E>), (String, String)> {
-        let name = codec::machine_name(snapshot)
-            .map_err(|e| ("?".to_owned(), e.to_string()))?
-            .into_owned();
-        match self.machines.get(name.as_str()) {
-            Some(machine) => Ok((name, machine)),
+    fn machine_of(&self, snapshot: &[u8]) -> Result<(&'static str, &Machine<E>), (String, String)> {
+        let name = codec::machine_name(snapshot).map_err(|e| ("?".to_owned(), e.to_string()))?;
+        // The registered name, not a copy of the stored one: no allocation per record.
+        match self.machines.get_key_value(&*name) {
+            Some((&name, machine)) => Ok((name, machine)),
             None => {
                 let reason = format!("machine `{name}` is not registered with this executor");
-                Err((name, reason))
+                Err((name.into_owned(), reason))
             }
         }
     }
