@@ -694,3 +694,45 @@ async fn a_rolled_segment_ends_at_its_last_record() {
         assert_eq!(store.load().await.unwrap().records.len(), 30, "{what}");
     }
 }
+
+/// Opening maps the segments, and none is still mapped once `open` returns: every live
+/// value was copied out of its mapping (`WalConfig::map_segments`). A value left pointing
+/// into a mapping would keep its segment resident and mapped while the writer appends to
+/// it and compaction deletes it.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn no_segment_stays_mapped_after_open() {
+    let env = Env::fs();
+    let config = WalConfig {
+        segment_size: 64 << 10,
+        ..WalConfig::default()
+    };
+    let store = env.open(config.clone()).unwrap();
+    for id in 0..200u64 {
+        store
+            .commit(Batch::new().put(id % 50, None, vec![id as u8; 1000]))
+            .await
+            .unwrap();
+    }
+    store.close().await.unwrap();
+    drop(store);
+    let segments = env.segments();
+    assert!(segments.len() >= 2, "{segments:?}");
+    let store = env.open(config).unwrap();
+    let loaded = store.load().await.unwrap();
+    assert_eq!(loaded.records.len(), 50);
+    for record in &loaded.records {
+        let last = (150..200u64).find(|id| id % 50 == record.id).unwrap();
+        assert_eq!(record.value, vec![last as u8; 1000]);
+    }
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    for segment in &segments {
+        let name = segment.file_name().unwrap().to_str().unwrap();
+        assert!(
+            !maps
+                .lines()
+                .any(|line| line.ends_with(name) && line.contains(env.dir.to_str().unwrap())),
+            "{name} is still mapped:\n{maps}"
+        );
+    }
+}
