@@ -90,9 +90,11 @@ impl IoBackend for FsBackend {
         // changed, but reading past the file's end after it was cut shorter raises
         // `SIGBUS`. The WAL maps segments only while it holds the directory's lock, so no
         // other procflow process writes them, and it reads only up to the length it
-        // truncates a torn tail to (`map_file`'s contract). `populate` reads the file in
-        // and maps every page in one call, instead of a fault per 64 KiB.
-        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file)? };
+        // truncates a torn tail to (`map_file`'s contract).
+        let map = unsafe { memmap2::MmapOptions::new().map(&file)? };
+        // Start reading the whole file in now (a hint: without it, each fault reads a
+        // little ahead), so that it is read while the caller decodes what it mapped before.
+        let _ = map.advise(memmap2::Advice::WillNeed);
         Ok(Some(bytes::Bytes::from_owner(map)))
     }
 

@@ -483,9 +483,18 @@ fn replay(
     let mut buffer = Vec::new();
     // The segment before this one: its bytes, and the ids it put.
     let mut previous: Option<(Bytes, Vec<ProcId>)> = None;
-    for &number in numbers {
+    // The next segment, mapped while this one is decoded: mapping asks the kernel to read
+    // the file ahead, so the disk reads it meanwhile.
+    let mut ahead = None;
+    for (at, &number) in numbers.iter().enumerate() {
         let path = segment::path(dir, number);
-        let bytes = read_segment(backend, &path, map, &mut buffer)?;
+        let bytes = match ahead.take() {
+            Some(mapped) => mapped,
+            None => read_segment(backend, &path, map, &mut buffer)?,
+        };
+        if let Some(&next) = numbers.get(at + 1).filter(|_| map) {
+            ahead = map_segment(backend, &segment::path(dir, next))?;
+        }
         let mut scan = Scanner::new(&path, number, &bytes, number == last_number)?;
         seqs.segment(&path, scan.first_seq)?;
         // The records this segment puts: their values are slices of `bytes`.
@@ -536,18 +545,20 @@ fn read_segment(
     map: bool,
     buffer: &mut Vec<u8>,
 ) -> Result<Bytes, StoreError> {
-    if map {
-        let mapped = backend
-            .map_file(path)
-            .map_err(io_err("mapping a segment", path))?;
-        if let Some(bytes) = mapped {
-            return Ok(bytes);
-        }
+    if map && let Some(mapped) = map_segment(backend, path)? {
+        return Ok(mapped);
     }
     backend
         .read_file_into(path, buffer)
         .map_err(io_err("reading a segment", path))?;
     Ok(Bytes::from(std::mem::take(buffer)))
+}
+
+/// Segment `path` mapped, if the backend can map files.
+fn map_segment(backend: &dyn IoBackend, path: &Path) -> Result<Option<Bytes>, StoreError> {
+    backend
+        .map_file(path)
+        .map_err(io_err("mapping a segment", path))
 }
 
 /// The allocation behind `bytes`, emptied, for the next segment: no copy once no value
