@@ -200,6 +200,16 @@ async fn concurrent_commits_share_fsyncs() {
     }
 }
 
+/// Commits a put of `len` bytes, each the id, per `(id, len)`, one batch each.
+async fn put_each<const N: usize>(store: &WalStore, puts: [(u64, usize); N]) {
+    for (id, len) in puts {
+        store
+            .commit(Batch::new().put(id, None, vec![id as u8; len]))
+            .await
+            .unwrap();
+    }
+}
+
 /// Also with segments read rather than mapped (`map_segments`; the simulated backend
 /// cannot map, so it reads either way): a mapped torn segment is cut while mapped, and the
 /// writer then appends to it.
@@ -212,14 +222,7 @@ async fn torn_tail_is_truncated_and_the_log_goes_on() {
         };
         for env in Env::all() {
             let store = env.open(config.clone()).unwrap();
-            store
-                .commit(Batch::new().put(1, None, vec![1; 100]))
-                .await
-                .unwrap();
-            store
-                .commit(Batch::new().put(2, None, vec![2; 100]))
-                .await
-                .unwrap();
+            put_each(&store, [(1, 100), (2, 100)]).await;
             store.close().await.unwrap();
             drop(store);
             let segment = &env.segments()[0];
@@ -276,18 +279,7 @@ async fn large_batches_get_their_own_segment() {
     for env in Env::all() {
         let config = small_segments(&env, 4096);
         let store = env.open(config.clone()).unwrap();
-        store
-            .commit(Batch::new().put(1, None, vec![1; 100]))
-            .await
-            .unwrap();
-        store
-            .commit(Batch::new().put(2, None, vec![2; 10_000]))
-            .await
-            .unwrap();
-        store
-            .commit(Batch::new().put(3, None, vec![3; 100]))
-            .await
-            .unwrap();
+        put_each(&store, [(1, 100), (2, 10_000), (3, 100)]).await;
         store.close().await.unwrap();
         drop(store);
         let store = WalStore::open_with_backend(
