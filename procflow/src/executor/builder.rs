@@ -404,6 +404,9 @@ fn resume<E: Send + Sync + 'static>(
     let mut give_back = GiveBack::new(&inner.locks);
     let mut guessed = HashMap::new();
     let mut roots = 0;
+    // Room on the event map for every live procedure, given back below if most did not
+    // wait on an event (`Table::reserve_events`).
+    inner.table().reserve_events(live.capacity());
     for &record in &records {
         let Some(mut launch) = rebuild(inner, record, parent_of) else {
             continue;
@@ -434,6 +437,7 @@ fn resume<E: Send + Sync + 'static>(
         // A dormant one drops its decoded parts here, before the next is decoded.
         live.push(Resumed::new(inner, launch, record.value.clone()));
     }
+    inner.table().fit_events();
     let (granted, conflicts) = give_back.finish();
     if let Some(conflict) = conflicts.into_iter().next() {
         return Err(ExecutorError::LockConflict {

@@ -403,6 +403,21 @@ impl Table {
         }
     }
 
+    /// Room on the event map for `waiting` more procedures suspended on events, taken at
+    /// once: grown by doubling, the map hashed every name again at each growth, a third of
+    /// the start at 1,000,000 procedures each waiting on an event of its own.
+    pub(crate) fn reserve_events(&mut self, waiting: usize) {
+        self.events.reserve(waiting);
+    }
+
+    /// Gives back the room [`Table::reserve_events`] took if most of it went unused (a
+    /// map keeps its room).
+    pub(crate) fn fit_events(&mut self) {
+        if self.events.len() <= self.events.capacity() / 2 {
+            self.events.shrink_to_fit();
+        }
+    }
+
     /// Whether procedure `id` is registered as suspended on `event` (a wake of `event`
     /// takes it off).
     pub(crate) fn is_listening(&self, event: &str, id: u64) -> bool {
@@ -684,6 +699,24 @@ impl<E> Inner<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Room taken for many waiters is given back when few came, and kept when most did.
+    #[test]
+    fn room_for_waiters_is_given_back_when_unused() {
+        let mut table = Table::default();
+        table.reserve_events(1000);
+        table.listen("a", 1);
+        table.fit_events();
+        assert!(table.events.capacity() < 100, "{}", table.events.capacity());
+        assert!(table.is_listening("a", 1));
+        table.reserve_events(1000);
+        for id in 0..900 {
+            table.listen(&format!("e{id}"), id);
+        }
+        let room = table.events.capacity();
+        table.fit_events();
+        assert_eq!(table.events.capacity(), room);
+    }
 
     /// The registry keeps one waiter without a set, and grows and shrinks like a set.
     #[test]
