@@ -483,18 +483,21 @@ fn replay(
     let mut buffer = Vec::new();
     // The segment before this one: its bytes, and the ids it put.
     let mut previous: Option<(Bytes, Vec<ProcId>)> = None;
-    // The next segment, mapped while this one is decoded: mapping asks the kernel to read
-    // the file ahead, so the disk reads it meanwhile.
-    let mut ahead = None;
+    // Each segment is mapped while the one before is decoded (the first before the loop):
+    // mapping asks the kernel to read the file ahead, so the disk reads it meanwhile.
+    // `None` where the backend cannot map: the segment is read when its turn comes.
+    let map_ahead = |at: usize| match numbers.get(at).filter(|_| map) {
+        Some(&number) => map_segment(backend, &segment::path(dir, number)),
+        None => Ok(None),
+    };
+    let mut ahead = map_ahead(0)?;
     for (at, &number) in numbers.iter().enumerate() {
         let path = segment::path(dir, number);
         let bytes = match ahead.take() {
             Some(mapped) => mapped,
-            None => read_segment(backend, &path, map, &mut buffer)?,
+            None => read_segment(backend, &path, &mut buffer)?,
         };
-        if let Some(&next) = numbers.get(at + 1).filter(|_| map) {
-            ahead = map_segment(backend, &segment::path(dir, next))?;
-        }
+        ahead = map_ahead(at + 1)?;
         let mut scan = Scanner::new(&path, number, &bytes, number == last_number)?;
         seqs.segment(&path, scan.first_seq)?;
         // The records this segment puts: their values are slices of `bytes`.
@@ -537,17 +540,12 @@ fn replay(
     })
 }
 
-/// Segment `path`'s bytes: mapped if `map` (the caller holds the directory's lock) and
-/// the backend can map files, else read into `buffer`'s memory.
+/// Segment `path`'s bytes, read into `buffer`'s memory.
 fn read_segment(
     backend: &dyn IoBackend,
     path: &Path,
-    map: bool,
     buffer: &mut Vec<u8>,
 ) -> Result<Bytes, StoreError> {
-    if map && let Some(mapped) = map_segment(backend, path)? {
-        return Ok(mapped);
-    }
     backend
         .read_file_into(path, buffer)
         .map_err(io_err("reading a segment", path))?;

@@ -397,7 +397,8 @@ fn resume<E: Send + Sync + 'static>(
         records[at].parent
     };
     // Sized once: grown by doubling, it left its smaller copies behind as free memory.
-    let mut live = Vec::with_capacity(records.iter().filter(|r| !r.finished).count());
+    let unfinished = records.iter().filter(|r| !r.finished).count();
+    let mut live = Vec::with_capacity(unfinished);
     inner.table().reserve(records.len());
     // Recorded holders get their locks back as they come, guesses (records older than
     // the field) after all of them; `guessed` says where those are in `live`.
@@ -406,7 +407,7 @@ fn resume<E: Send + Sync + 'static>(
     let mut roots = 0;
     // Room on the event map for every live procedure, given back below if most did not
     // wait on an event (`Table::reserve_events`).
-    inner.table().reserve_events(live.capacity());
+    inner.table().reserve_events(unfinished);
     for &record in &records {
         let Some(mut launch) = rebuild(inner, record, parent_of) else {
             continue;
