@@ -101,6 +101,32 @@ impl StoreError {
         matches!(self, StoreError::Io { .. } | StoreError::Poisoned)
     }
 
+    /// A copy of this error, for the members of a group commit that share one result
+    /// (errors are not `Clone`: an `io::Error` is copied as its kind and message).
+    #[cfg(any(feature = "etcd", feature = "postgres"))]
+    pub(crate) fn duplicate(&self) -> Self {
+        match self {
+            StoreError::Fenced { token, highest } => StoreError::Fenced {
+                token: *token,
+                highest: *highest,
+            },
+            StoreError::UnknownProcedure(id) => StoreError::UnknownProcedure(*id),
+            StoreError::MetaExists { key } => StoreError::MetaExists { key: key.clone() },
+            StoreError::Io {
+                context,
+                path,
+                source,
+            } => StoreError::Io {
+                context,
+                path: path.clone(),
+                source: io::Error::new(source.kind(), source.to_string()),
+            },
+            other => StoreError::Encoding {
+                reason: other.to_string(),
+            },
+        }
+    }
+
     pub(crate) fn io(context: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
         StoreError::Io {
             context,

@@ -53,6 +53,8 @@ pub mod etcd;
 pub mod io;
 mod local_port;
 mod mem;
+#[cfg(all(feature = "postgres", unix))]
+pub mod postgres;
 mod state;
 mod store;
 mod wal;

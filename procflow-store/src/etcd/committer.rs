@@ -78,7 +78,11 @@ async fn commit_group(shared: &Shared, sequence: &mut Sequence, plan: &Plan, gro
         return;
     }
     for pending in group {
-        finish(shared, pending, clone_result(&result));
+        finish(
+            shared,
+            pending,
+            result.as_ref().map_err(StoreError::duplicate).copied(),
+        );
     }
 }
 
@@ -268,29 +272,4 @@ async fn settle(shared: &Shared, expected: u64) -> Option<bool> {
     }
     let found = sequence::read(response.op_responses().into_iter().next());
     (sequence::verdict(expected, found) == Verdict::AppliedBefore).then_some(true)
-}
-
-/// Every member of a group gets the group's result; errors are not `Clone`.
-fn clone_result(result: &Result<(), StoreError>) -> Result<(), StoreError> {
-    match result {
-        Ok(()) => Ok(()),
-        Err(StoreError::Fenced { token, highest }) => Err(StoreError::Fenced {
-            token: *token,
-            highest: *highest,
-        }),
-        Err(StoreError::UnknownProcedure(id)) => Err(StoreError::UnknownProcedure(*id)),
-        Err(StoreError::MetaExists { key }) => Err(StoreError::MetaExists { key: key.clone() }),
-        Err(StoreError::Io {
-            context,
-            path,
-            source,
-        }) => Err(StoreError::Io {
-            context,
-            path: path.clone(),
-            source: std::io::Error::new(source.kind(), source.to_string()),
-        }),
-        Err(other) => Err(StoreError::Encoding {
-            reason: other.to_string(),
-        }),
-    }
 }

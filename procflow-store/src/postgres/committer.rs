@@ -1,0 +1,217 @@
+//! Group commit: batches committed while a transaction is in flight wait in a queue, and
+//! the next transaction carries as many of them as [`Plan::try_add`] lets in, so one
+//! round trip and one PostgreSQL commit (one WAL flush) persist many procedures' steps.
+//! Each transaction is one call of `apply` on the committer's own connection.
+
+use std::sync::Arc;
+
+use deadpool_postgres::Object;
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::types::ToSql;
+
+use super::Shared;
+use super::plan::{MetaWrite, Plan, Prepared, RecordWrite};
+use super::schema;
+use crate::error::StoreError;
+
+/// A batch waiting for its transaction, and where to send its result.
+pub(crate) struct Pending {
+    pub(crate) batch: Prepared,
+    pub(crate) reply: oneshot::Sender<Result<(), StoreError>>,
+}
+
+/// Runs until every sender is dropped and the queue is empty.
+pub(crate) async fn run(shared: Arc<Shared>, mut queue: mpsc::UnboundedReceiver<Pending>) {
+    let mut connection: Option<Object> = None;
+    let mut carried: Option<Pending> = None;
+    loop {
+        let first = match carried.take() {
+            Some(first) => first,
+            None => match queue.recv().await {
+                Some(first) => first,
+                None => return,
+            },
+        };
+        let mut plan = Plan::of(&first.batch);
+        let mut group = vec![first];
+        while let Ok(next) = queue.try_recv() {
+            if plan.try_add(&next.batch) {
+                group.push(next);
+            } else {
+                carried = Some(next);
+                break;
+            }
+        }
+        commit_group(&shared, &mut connection, &plan, group).await;
+    }
+}
+
+/// Commits `group` as `plan`, one transaction; if a check failed for a group of several,
+/// commits each on its own to find out whose it was.
+async fn commit_group(
+    shared: &Shared,
+    connection: &mut Option<Object>,
+    plan: &Plan,
+    group: Vec<Pending>,
+) {
+    let result = apply(shared, connection, plan).await;
+    let refused_check = matches!(
+        result,
+        Err(StoreError::UnknownProcedure(_) | StoreError::MetaExists { .. })
+    );
+    if group.len() > 1 && refused_check {
+        for pending in group {
+            let result = apply(shared, connection, &Plan::of(&pending.batch)).await;
+            // The committing future may have been dropped: its batch is in, or not.
+            let _ = pending.reply.send(result);
+        }
+        return;
+    }
+    for pending in group {
+        let _ = pending
+            .reply
+            .send(result.as_ref().map_err(StoreError::duplicate).copied());
+    }
+}
+
+/// One call of `apply`. A connection whose request timed out or broke is dropped, not
+/// reused: what it still carries may yet apply.
+async fn apply(
+    shared: &Shared,
+    connection: &mut Option<Object>,
+    plan: &Plan,
+) -> Result<(), StoreError> {
+    let context = "committing a transaction (it may or may not have applied)";
+    if connection.as_ref().is_none_or(|c| c.is_closed()) {
+        // Nothing was sent: a failure here is a definite one, but reported as the
+        // others, an I/O error.
+        *connection = Some(shared.connect("connecting to PostgreSQL").await?);
+    }
+    let client = connection.as_ref().expect("connected above");
+    let params = Params::of(plan);
+    let call = async {
+        let statement = client.prepare_cached(&shared.call_apply).await?;
+        client.execute(&statement, &params.refs()).await
+    };
+    match tokio::time::timeout(shared.timeout, call).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => {
+            if let Some(refusal) = refusal(&error, plan.token) {
+                return Err(refusal);
+            }
+            if error.as_db_error().is_none() {
+                drop(connection.take().map(Object::take));
+            }
+            Err(shared.io(context, std::io::Error::other(error)))
+        }
+        Err(_) => {
+            drop(connection.take().map(Object::take));
+            Err(shared.io(
+                context,
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "no answer within {:?}; the outcome is unknown",
+                        shared.timeout
+                    ),
+                ),
+            ))
+        }
+    }
+}
+
+/// The store's refusal `error` carries, if `apply` raised one.
+fn refusal(error: &tokio_postgres::Error, token: Option<i64>) -> Option<StoreError> {
+    let db = error.as_db_error()?;
+    let detail = db.detail().unwrap_or_default();
+    match db.code().code() {
+        schema::FENCED => Some(StoreError::Fenced {
+            token: token.and_then(|t| u64::try_from(t).ok()).unwrap_or(0),
+            highest: detail.parse().unwrap_or(0),
+        }),
+        schema::UNKNOWN_PROCEDURE => Some(StoreError::UnknownProcedure(
+            detail.parse().unwrap_or_default(),
+        )),
+        schema::META_EXISTS => Some(StoreError::MetaExists {
+            key: detail.to_owned(),
+        }),
+        _ => None,
+    }
+}
+
+/// `apply`'s arguments, column by column.
+#[derive(Default)]
+struct Params<'a> {
+    fence: Option<i64>,
+    must_exist: Vec<i64>,
+    create_keys: Vec<&'a str>,
+    put_ids: Vec<i64>,
+    put_parents: Vec<Option<i64>>,
+    put_finished: Vec<bool>,
+    put_values: Vec<&'a [u8]>,
+    finish_ids: Vec<i64>,
+    finish_values: Vec<&'a [u8]>,
+    delete_ids: Vec<i64>,
+    meta_keys: Vec<&'a str>,
+    meta_values: Vec<&'a [u8]>,
+    meta_deletes: Vec<&'a str>,
+}
+
+impl<'a> Params<'a> {
+    fn of(plan: &'a Plan) -> Self {
+        let mut params = Params {
+            fence: plan.token,
+            must_exist: plan.must_exist.iter().copied().collect(),
+            create_keys: plan.must_be_absent.iter().map(String::as_str).collect(),
+            ..Params::default()
+        };
+        for (&id, write) in &plan.records {
+            match write {
+                RecordWrite::Put {
+                    parent,
+                    finished,
+                    value,
+                } => {
+                    params.put_ids.push(id);
+                    params.put_parents.push(*parent);
+                    params.put_finished.push(*finished);
+                    params.put_values.push(value);
+                }
+                RecordWrite::Finish { value } => {
+                    params.finish_ids.push(id);
+                    params.finish_values.push(value);
+                }
+                RecordWrite::Delete => params.delete_ids.push(id),
+            }
+        }
+        for (key, write) in &plan.meta {
+            match write {
+                MetaWrite::Put(value) => {
+                    params.meta_keys.push(key);
+                    params.meta_values.push(value);
+                }
+                MetaWrite::Delete => params.meta_deletes.push(key),
+            }
+        }
+        params
+    }
+
+    /// In the order of `apply`'s parameters.
+    fn refs(&self) -> [&(dyn ToSql + Sync); 13] {
+        [
+            &self.fence,
+            &self.must_exist,
+            &self.create_keys,
+            &self.put_ids,
+            &self.put_parents,
+            &self.put_finished,
+            &self.put_values,
+            &self.finish_ids,
+            &self.finish_values,
+            &self.delete_ids,
+            &self.meta_keys,
+            &self.meta_values,
+            &self.meta_deletes,
+        ]
+    }
+}
