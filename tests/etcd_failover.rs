@@ -17,7 +17,6 @@
 #[path = "support/workers.rs"]
 mod workers;
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use procflow_store::etcd::LocalCluster;
@@ -52,19 +51,7 @@ fn cluster() -> LocalCluster {
 
 /// Every procedure's steps 1..=STEPS, each exactly once, in order.
 fn assert_ledger_exactly_once(ledger: &[(u64, u64, u64)]) {
-    let mut steps: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
-    for &(procedure, step, _) in ledger {
-        steps.entry(procedure).or_default().push(step);
-    }
-    assert_eq!(steps.len(), PROCEDURES as usize, "every procedure wrote");
-    let expected: Vec<u64> = (1..=u64::from(STEPS)).collect();
-    for (procedure, steps) in steps {
-        assert_eq!(steps, expected, "procedure {procedure}'s ledger");
-    }
-    assert!(
-        ledger.windows(2).all(|w| w[0].2 <= w[1].2),
-        "tokens never go back"
-    );
+    workers::assert_ledger_exactly_once(ledger, PROCEDURES, STEPS);
 }
 
 fn leader_index(line: &Line) -> usize {

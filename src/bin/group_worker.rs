@@ -1,13 +1,16 @@
-//! One member of an executor group on etcd: the process `tests/etcd_failover.rs` and
-//! `examples/cluster.rs` start three of, and kill. (The example includes this file as a
-//! module and runs its `main` in its own child processes.)
+//! One member of an executor group on etcd or PostgreSQL: the process
+//! `tests/etcd_failover.rs`, `tests/pg_failover.rs` and `examples/cluster.rs` start
+//! three of, and kill. (The example includes this file as a module and runs its `main` in
+//! its own child processes.)
 //!
 //! ```text
-//! group_worker --endpoints HOST:PORT,... --prefix P --name NAME --ledger DIR
+//! group_worker (--endpoints HOST:PORT,... --prefix P | --postgres CONNECTION --schema S)
+//!              --name NAME --ledger DIR
 //!              [--procedures 100] [--steps 20] [--step-ms 20] [--ttl 2] [--fencing-only]
 //! ```
 //!
-//! Joins the group on the etcd store under `--prefix`. When it leads, it prints
+//! Joins the group on the etcd store under `--prefix` (feature `etcd`), or on the
+//! PostgreSQL store in schema `--schema` (feature `postgres`). When it leads, it prints
 //! `leading NAME token T`, submits the `--procedures` chains (with nonces, so a new
 //! leader submits the same ones) and prints `all done N` once every one succeeded. Each
 //! step appends `procedure step token` to the ledger in `DIR`, an outside system that
@@ -16,13 +19,13 @@
 //! land. Steps are idempotent: a step whose line is already there is not written again.
 //! If its executor stops, it prints `halted: REASON`; whenever the member's last error
 //! changes (it cannot campaign, say), `trouble: ERROR`. `--fencing-only` keeps the leader
-//! from stepping down when its lease is lost, to show that etcd's fencing alone stops it.
+//! from stepping down when its lease is lost, to show that the store's fencing alone stops
+//! it.
 
 use procflow::executor::{Executor, SubmitOptions};
-use procflow::group::{Election, ElectionError, EtcdElection, ExecutorGroup, Term};
+use procflow::group::{Election, ElectionError, ExecutorGroup, Term};
 use procflow::prelude::*;
-use procflow::store::BoxFuture;
-use procflow_store::etcd::{EtcdConfig, EtcdStore};
+use procflow::store::{BoxFuture, Store};
 use serde::{Deserialize, Serialize};
 use std::io::{Read, Seek, Write};
 use std::path::PathBuf;
@@ -106,7 +109,7 @@ impl ChainStateHandlers for Chain {
 
 /// An election whose terms never end on their own: a leader that lost its lease goes on
 /// as if it had not noticed (`--fencing-only`).
-struct Oblivious(EtcdElection);
+struct Oblivious(Arc<dyn Election>);
 
 impl Election for Oblivious {
     fn campaign(&self) -> BoxFuture<'_, Result<Term, ElectionError>> {
@@ -123,9 +126,22 @@ impl Election for Oblivious {
     }
 }
 
+/// Where the group keeps its procedures and holds its election. (A build without the
+/// backend's feature only names it in its error.)
+#[cfg_attr(not(all(feature = "etcd", feature = "postgres")), allow(dead_code))]
+enum Backend {
+    Etcd {
+        endpoints: Vec<String>,
+        prefix: String,
+    },
+    Postgres {
+        connection: String,
+        schema: String,
+    },
+}
+
 struct Args {
-    endpoints: Vec<String>,
-    prefix: String,
+    backend: Backend,
     name: String,
     ledger: PathBuf,
     procedures: u32,
@@ -136,9 +152,13 @@ struct Args {
 }
 
 fn parse_args() -> Result<Args, String> {
+    let (mut endpoints, mut prefix) = (Vec::new(), String::new());
+    let (mut connection, mut schema) = (String::new(), String::new());
     let mut args = Args {
-        endpoints: Vec::new(),
-        prefix: String::new(),
+        backend: Backend::Etcd {
+            endpoints: Vec::new(),
+            prefix: String::new(),
+        },
         name: String::new(),
         ledger: PathBuf::new(),
         procedures: 100,
@@ -152,8 +172,10 @@ fn parse_args() -> Result<Args, String> {
         let mut value = || it.next().ok_or(format!("{arg} needs a value"));
         let number = |v: String| v.parse::<u64>().map_err(|e| format!("{arg}: {e}"));
         match arg.as_str() {
-            "--endpoints" => args.endpoints = value()?.split(',').map(str::to_owned).collect(),
-            "--prefix" => args.prefix = value()?,
+            "--endpoints" => endpoints = value()?.split(',').map(str::to_owned).collect(),
+            "--prefix" => prefix = value()?,
+            "--postgres" => connection = value()?,
+            "--schema" => schema = value()?,
             "--name" => args.name = value()?,
             "--ledger" => args.ledger = PathBuf::from(value()?),
             "--procedures" => args.procedures = number(value()?)? as u32,
@@ -164,8 +186,18 @@ fn parse_args() -> Result<Args, String> {
             other => return Err(format!("unknown argument {other}")),
         }
     }
-    if args.endpoints.is_empty() || args.prefix.is_empty() || args.name.is_empty() {
-        return Err("--endpoints, --prefix, --name and --ledger are required".into());
+    args.backend = match (connection.is_empty(), endpoints.is_empty()) {
+        (false, true) if !schema.is_empty() => Backend::Postgres { connection, schema },
+        (true, false) if !prefix.is_empty() => Backend::Etcd { endpoints, prefix },
+        _ => {
+            return Err(
+                "name one store: --endpoints and --prefix (etcd), or --postgres and --schema"
+                    .into(),
+            );
+        }
+    };
+    if args.name.is_empty() || args.ledger.as_os_str().is_empty() {
+        return Err("--name and --ledger are required".into());
     }
     Ok(args)
 }
@@ -186,16 +218,11 @@ fn say(line: &str) {
 
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = Arc::new(parse_args()?);
-    let config = EtcdConfig::new(args.endpoints.clone(), args.prefix.clone())
-        .request_timeout(Duration::from_secs(2));
-    let store: Arc<dyn procflow::store::Store> =
-        Arc::new(EtcdStore::connect(config.clone()).await?);
-    let client = EtcdStore::connect(config.clone()).await?.client();
-    let etcd = EtcdElection::new(client, &config, &args.name, Duration::from_secs(args.ttl));
+    let (store, election) = connect(&args).await?;
     let election: Arc<dyn Election> = if args.fencing_only {
-        Arc::new(Oblivious(etcd))
+        Arc::new(Oblivious(election))
     } else {
-        Arc::new(etcd)
+        election
     };
     let ledger_path = args.ledger.join("ledger");
     let step_delay = Duration::from_millis(args.step_ms);
@@ -233,6 +260,43 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         while group.term().is_some_and(|t| t.token == token) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+}
+
+type Connected = (Arc<dyn Store>, Arc<dyn Election>);
+
+/// The store and the election `args` name.
+async fn connect(args: &Args) -> Result<Connected, Box<dyn std::error::Error>> {
+    #[cfg_attr(
+        not(any(feature = "etcd", feature = "postgres")),
+        allow(unused_variables)
+    )]
+    let ttl = Duration::from_secs(args.ttl);
+    match &args.backend {
+        #[cfg(feature = "etcd")]
+        Backend::Etcd { endpoints, prefix } => {
+            use procflow::group::EtcdElection;
+            use procflow_store::etcd::{EtcdConfig, EtcdStore};
+            let config = EtcdConfig::new(endpoints.clone(), prefix.clone())
+                .request_timeout(Duration::from_secs(2));
+            let store = Arc::new(EtcdStore::connect(config.clone()).await?);
+            let client = EtcdStore::connect(config.clone()).await?.client();
+            let election = EtcdElection::new(client, &config, &args.name, ttl);
+            Ok((store, Arc::new(election)))
+        }
+        #[cfg(feature = "postgres")]
+        Backend::Postgres { connection, schema } => {
+            use procflow::group::PgElection;
+            use procflow_store::postgres::{PgConfig, PgStore};
+            let config = PgConfig::new(connection, schema).request_timeout(Duration::from_secs(2));
+            let store = Arc::new(PgStore::connect(config.clone()).await?);
+            let election = PgElection::new(&config, &args.name, ttl);
+            Ok((store, Arc::new(election)))
+        }
+        #[allow(unreachable_patterns)]
+        Backend::Etcd { .. } => Err("built without the feature `etcd`".into()),
+        #[allow(unreachable_patterns)]
+        Backend::Postgres { .. } => Err("built without the feature `postgres`".into()),
     }
 }
 

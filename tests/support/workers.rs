@@ -1,5 +1,6 @@
 //! Worker processes of an executor group (`src/bin/group_worker.rs`) for
-//! `tests/etcd_failover.rs` and the etcd workloads of `benches/compare.rs`: spawns them,
+//! `tests/etcd_failover.rs`, `tests/pg_failover.rs` and the etcd and PostgreSQL workloads
+//! of `benches/compare.rs`: spawns them,
 //! merges their output into one channel, kills and signals them, reads their ledger.
 
 // Each includer uses part of it.
@@ -10,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "etcd")]
 use procflow_store::etcd::LocalCluster;
 
 /// A line a worker printed, and when it was read.
@@ -21,8 +23,9 @@ pub struct Line {
 
 /// `group_worker` processes `w0`, `w1`…, their output merged into one channel.
 pub struct Workers {
-    cluster_endpoints: String,
-    prefix: String,
+    /// The arguments that name the store: `--endpoints E --prefix P` (etcd) or
+    /// `--postgres C --schema S`.
+    store: Vec<String>,
     ledger: tempfile::TempDir,
     extra: Vec<String>,
     children: Vec<Option<Child>>,
@@ -34,11 +37,23 @@ pub struct Workers {
 impl Workers {
     /// Starts `count` workers on `cluster` under `prefix`, each given `extra` arguments
     /// after `--endpoints`, `--prefix`, `--name` and `--ledger`.
+    #[cfg(feature = "etcd")]
     pub fn start(cluster: &LocalCluster, prefix: &str, count: usize, extra: &[&str]) -> Self {
+        let endpoints = cluster.endpoints().join(",");
+        Self::start_on(
+            &["--endpoints", &endpoints, "--prefix", prefix],
+            count,
+            extra,
+        )
+    }
+
+    /// Starts `count` workers on the store `store` names (`--endpoints E --prefix P`, or
+    /// `--postgres C --schema S`), each given `extra` arguments after those, `--name` and
+    /// `--ledger`.
+    pub fn start_on(store: &[&str], count: usize, extra: &[&str]) -> Self {
         let (sender, lines) = mpsc::channel();
         let mut workers = Self {
-            cluster_endpoints: cluster.endpoints().join(","),
-            prefix: prefix.to_owned(),
+            store: store.iter().map(|s| (*s).to_owned()).collect(),
             ledger: tempfile::tempdir().unwrap(),
             extra: extra.iter().map(|s| (*s).to_owned()).collect(),
             children: (0..count).map(|_| None).collect(),
@@ -55,12 +70,7 @@ impl Workers {
     /// Starts worker `i` (again, after a kill).
     pub fn spawn(&mut self, i: usize) {
         let mut child = Command::new(env!("CARGO_BIN_EXE_group_worker"))
-            .args([
-                "--endpoints",
-                &self.cluster_endpoints,
-                "--prefix",
-                &self.prefix,
-            ])
+            .args(&self.store)
             .args(["--name", &format!("w{i}")])
             .arg("--ledger")
             .arg(self.ledger.path())
@@ -77,12 +87,7 @@ impl Workers {
     /// `--endpoints`, `--prefix`, `--name w<i>` and then `args`.
     pub fn spawn_program(&mut self, i: usize, program: &str, args: &[&str]) {
         let mut child = Command::new(program)
-            .args([
-                "--endpoints",
-                &self.cluster_endpoints,
-                "--prefix",
-                &self.prefix,
-            ])
+            .args(&self.store)
             .args(["--name", &format!("w{i}")])
             .args(args)
             .stdout(Stdio::piped())
@@ -180,4 +185,22 @@ impl Drop for Workers {
             }
         }
     }
+}
+
+/// Every procedure's steps `1..=steps`, each exactly once, in order, of `procedures`
+/// procedures; and tokens that never go back.
+pub fn assert_ledger_exactly_once(ledger: &[(u64, u64, u64)], procedures: u32, steps: u32) {
+    let mut seen: std::collections::BTreeMap<u64, Vec<u64>> = std::collections::BTreeMap::new();
+    for &(procedure, step, _) in ledger {
+        seen.entry(procedure).or_default().push(step);
+    }
+    assert_eq!(seen.len(), procedures as usize, "every procedure wrote");
+    let expected: Vec<u64> = (1..=u64::from(steps)).collect();
+    for (procedure, steps) in seen {
+        assert_eq!(steps, expected, "procedure {procedure}'s ledger");
+    }
+    assert!(
+        ledger.windows(2).all(|w| w[0].2 <= w[1].2),
+        "tokens never go back"
+    );
 }

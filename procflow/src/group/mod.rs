@@ -55,11 +55,15 @@ mod election;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod local;
+#[cfg(all(feature = "postgres", unix))]
+mod postgres;
 
 pub use election::{Election, ElectionError, Term};
 #[cfg(feature = "etcd")]
 pub use etcd::EtcdElection;
 pub use local::{LocalCandidate, LocalElection};
+#[cfg(all(feature = "postgres", unix))]
+pub use postgres::PgElection;
 
 use crate::executor::{Executor, ExecutorBuilder, ExecutorError};
 use std::sync::Arc;
