@@ -77,8 +77,8 @@ mod restart;
 #[path = "compare/single.rs"]
 mod single;
 #[cfg(not(feature = "etcd"))]
-#[path = "../tests/support/with_etcd.rs"]
-mod with_etcd;
+#[path = "../tests/support/with_feature.rs"]
+mod with_feature;
 #[cfg(feature = "etcd")]
 #[path = "../tests/support/workers.rs"]
 mod workers;
@@ -251,7 +251,7 @@ fn etcd_main() {
         .skip(1)
         .filter(|arg| arg != "--bench")
         .collect();
-    with_etcd::rerun("bench", &["--bench", "compare"], &args);
+    with_feature::rerun("etcd", "bench", &["--bench", "compare"], &args);
 }
 
 /// `--admin`: workload 9 alone, the admin over a million parked procedures (`--quick`:

@@ -1,31 +1,37 @@
-//! For the targets that need the root package's `etcd` feature (`examples/cluster.rs`,
-//! `benches/compare.rs -- --etcd`), when they were built without it: the feature is off by
-//! default because etcd-client's build needs `protoc`. [`rerun`] runs the same target
-//! again through cargo with `--features etcd`, once it has checked that `protoc` is there.
+//! For the targets that need a root-package feature they were built without
+//! (`examples/cluster.rs` needs `etcd`, or `postgres` with `--postgres`;
+//! `benches/compare.rs -- --etcd` needs `etcd`, `-- --postgres` needs `postgres`): both
+//! are off by default, etcd-client's build needing `protoc`. [`rerun`] runs the same
+//! target again through cargo with the feature, once it has checked that what the
+//! feature's build needs is there.
 
 use std::process::Command;
 
-/// Runs `cargo SUBCOMMAND TARGET.. --features etcd -- ARGS..` in the root package and
-/// exits with its status; exits with 1 and the install command if `protoc` is missing.
-pub fn rerun(subcommand: &str, target: &[&str], args: &[String]) -> ! {
-    let mut command = format!("cargo {subcommand} {} --features etcd", target.join(" "));
+/// Runs `cargo SUBCOMMAND TARGET.. --features FEATURE -- ARGS..` in the root package and
+/// exits with its status; for `etcd`, exits with 1 and the install command if `protoc`
+/// is missing.
+pub fn rerun(feature: &str, subcommand: &str, target: &[&str], args: &[String]) -> ! {
+    let mut command = format!(
+        "cargo {subcommand} {} --features {feature}",
+        target.join(" ")
+    );
     if !args.is_empty() {
         command = format!("{command} -- {}", args.join(" "));
     }
-    if !protoc_found() {
+    if feature == "etcd" && !protoc_found() {
         eprintln!(
             "this needs the feature `etcd` ({command}), whose etcd-client builds with protoc, which is missing: \
              sudo apt-get install -y protobuf-compiler (scripts/install-test-deps.sh installs it and etcd-server)"
         );
         std::process::exit(1);
     }
-    println!("built without the feature `etcd`: running `{command}`");
+    println!("built without the feature `{feature}`: running `{command}`");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = Command::new(cargo)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .arg(subcommand)
         .args(target)
-        .args(["--features", "etcd", "--"])
+        .args(["--features", feature, "--"])
         .args(args)
         .status();
     match status {
