@@ -6,6 +6,7 @@
 //! cargo bench --bench compare -- --quick   # 1 s per cell, the same concurrencies
 //! cargo bench --bench compare -- --etcd    # workload 8 alone: procflow on etcd
 //! cargo bench --bench compare -- --admin   # workload 9 alone: the admin at 1,000,000
+//! cargo bench --bench compare -- --postgres  # workload 10 alone: procflow on PostgreSQL
 //! ```
 //!
 //! Every workload runs the same ten-step machine with 64 bytes of state
@@ -46,6 +47,13 @@
 //! instead of 1,000,000): the admin's filtered first page and what four polling pages cost
 //! the commits. Its last line is `admin-summary: list_p99_ms=X commits_polled_vs_quiet=X`.
 //! It needs the root feature `admin`; built without it, it runs itself again with it.
+//!
+//! `-- --postgres` runs workload 10 alone (`compare/postgres.rs`, quick unless `--full`):
+//! the executor on a local PostgreSQL server at 1/16/256 clients against one client's
+//! loop of the same fenced one-row transactions, and the takeover time of a group whose
+//! leader is killed. Its last line is `pg-summary: pg1_vs_raw=X pg256_vs_raw=X
+//! takeover_s=X`. It needs the root feature `postgres`; built without it, it runs itself
+//! again with it.
 
 // The crate root is benches/compare.rs: its modules live in benches/compare/.
 #[cfg(feature = "admin")]
@@ -60,6 +68,9 @@ mod drive;
 #[cfg(feature = "etcd")]
 #[path = "compare/etcd.rs"]
 mod etcd;
+#[cfg(any(feature = "etcd", feature = "postgres"))]
+#[path = "compare/group.rs"]
+mod group;
 #[path = "compare/hand_redb.rs"]
 mod hand_redb;
 #[path = "compare/hand_store.rs"]
@@ -70,16 +81,19 @@ mod hbase_store;
 mod machine;
 #[path = "compare/parked.rs"]
 mod parked;
+#[cfg(feature = "postgres")]
+#[path = "compare/postgres.rs"]
+mod postgres;
 #[path = "compare/raw.rs"]
 mod raw;
 #[path = "compare/restart.rs"]
 mod restart;
 #[path = "compare/single.rs"]
 mod single;
-#[cfg(not(feature = "etcd"))]
+#[cfg(not(all(feature = "etcd", feature = "postgres", feature = "admin")))]
 #[path = "../tests/support/with_feature.rs"]
 mod with_feature;
-#[cfg(feature = "etcd")]
+#[cfg(any(feature = "etcd", feature = "postgres"))]
 #[path = "../tests/support/workers.rs"]
 mod workers;
 
@@ -153,6 +167,9 @@ fn main() {
     if std::env::args().any(|arg| arg == "--etcd") {
         return etcd_main();
     }
+    if std::env::args().any(|arg| arg == "--postgres") {
+        return postgres_main();
+    }
     if std::env::args().any(|arg| arg == "--admin") {
         return admin_main();
     }
@@ -213,7 +230,7 @@ fn main() {
 
 /// Runs one workload alone (`--etcd`, `--admin`) on a runtime of its own, after a header
 /// line (`what` says what it runs on), and prints the summary line `run` returns last.
-#[cfg(any(feature = "etcd", feature = "admin"))]
+#[cfg(any(feature = "etcd", feature = "postgres", feature = "admin"))]
 fn alone(
     flag: &str,
     what: &str,
@@ -243,15 +260,46 @@ fn etcd_main() {
     });
 }
 
+/// `--postgres`: workload 10 alone, procflow on a local PostgreSQL (quick unless
+/// `--full`).
+#[cfg(feature = "postgres")]
+fn postgres_main() {
+    let quick = !std::env::args().any(|arg| arg == "--full");
+    let what = format!(", ten-step machine, {STATE_BYTES} B state");
+    alone("--postgres", &what, quick, |runtime| {
+        postgres::run(quick, runtime).line()
+    });
+}
+
 /// `--etcd` in a build without the root package's `etcd` feature: runs the bench again
 /// through cargo, with the feature.
 #[cfg(not(feature = "etcd"))]
 fn etcd_main() {
+    rerun_with("etcd");
+}
+
+/// `--postgres` in a build without the root package's `postgres` feature: runs the
+/// bench again through cargo, with the feature.
+#[cfg(not(feature = "postgres"))]
+fn postgres_main() {
+    rerun_with("postgres");
+}
+
+/// `--admin` in a build without the root package's `admin` feature: runs the bench again
+/// through cargo, with the feature.
+#[cfg(not(feature = "admin"))]
+fn admin_main() {
+    rerun_with("admin");
+}
+
+/// Runs this bench again through cargo with `feature`, and the same arguments.
+#[cfg(not(all(feature = "etcd", feature = "postgres", feature = "admin")))]
+fn rerun_with(feature: &str) {
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|arg| arg != "--bench")
         .collect();
-    with_feature::rerun("etcd", "bench", &["--bench", "compare"], &args);
+    with_feature::rerun(feature, "bench", &["--bench", "compare"], &args);
 }
 
 /// `--admin`: workload 9 alone, the admin over a million parked procedures (`--quick`:
@@ -262,27 +310,6 @@ fn admin_main() {
     alone("--admin", "", quick, |runtime| {
         admin::run(quick, runtime).line()
     });
-}
-
-/// `--admin` in a build without the root package's `admin` feature: runs the bench again
-/// through cargo, with the feature.
-#[cfg(not(feature = "admin"))]
-fn admin_main() {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|arg| arg != "--bench")
-        .collect();
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    println!(
-        "built without the feature `admin`: running `cargo bench --bench compare --features admin -- {}`",
-        args.join(" ")
-    );
-    let status = std::process::Command::new(cargo)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .args(["bench", "--bench", "compare", "--features", "admin", "--"])
-        .args(&args)
-        .status();
-    std::process::exit(status.map_or(1, |s| s.code().unwrap_or(1)));
 }
 
 /// The value of `--cell`, if given.

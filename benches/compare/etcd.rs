@@ -25,16 +25,10 @@ use procflow_store::etcd::etcd_client::{
 use procflow_store::etcd::{EtcdConfig, EtcdStore, LocalCluster};
 use tokio::runtime::Runtime;
 
-use crate::drive::{Rate, run_procedures};
+use crate::drive::run_procedures;
+use crate::group::{CLIENTS, Cell, ROUNDS, merge, one_client_ratio, print_cells, takeover};
 use crate::machine::{Payload, TenSteps};
-use crate::workers::Workers;
 
-/// The concurrencies of the executor cells.
-const CLIENTS: [u64; 3] = [1, 16, 256];
-/// Rounds of a raw cell and the one-client executor cell, side by side.
-const ROUNDS: usize = 3;
-/// The lease TTL of the takeover workers, in seconds (etcd's minimum).
-const TAKEOVER_TTL_S: u64 = 2;
 /// The lease TTL of the bench's own terms: long enough never to lapse mid-cell.
 const BENCH_TTL: Duration = Duration::from_secs(10);
 
@@ -64,13 +58,6 @@ enum Fence {
     /// That, and a writer's sequence key whose value each transaction compares and
     /// advances, as the store's transactions do (for the record: not a baseline).
     TermAndSequence,
-}
-
-/// One executor cell: its rate, and the transactions it took (etcd revisions).
-struct Cell {
-    clients: u64,
-    rate: Rate,
-    txns: u64,
 }
 
 pub fn run(quick: bool, runtime: &Runtime) -> Summary {
@@ -104,42 +91,21 @@ pub fn run(quick: bool, runtime: &Runtime) -> Summary {
         Fence::TermAndSequence,
     ));
     let raw = raws.iter().sum::<f64>() / raws.len() as f64;
-    let rounds: Vec<String> = raws
-        .iter()
-        .zip(&singles)
-        .map(|(raw, single)| format!("{raw:.0}/s vs {:.0}/s", single.rate.steps_per_sec()))
-        .collect();
-    println!(
-        "raw loop of fenced one-put transactions ({value_len} B), one client, and the executor at one client, round by round: {}; a last raw cell {:.0}/s; raw mean {raw:.0}/s",
-        rounds.join(", "),
-        raws[raws.len() - 1]
-    );
     println!(
         "the raw loop with a writer's sequence compare-and-put in each transaction, as the store sends them: {sequenced:.0}/s, {:.2} of the plain raw mean",
         sequenced / raw
     );
-    let single_steps: u64 = singles.iter().map(|c| c.rate.steps).sum();
-    let single_secs: f64 = singles.iter().map(|c| c.rate.elapsed.as_secs_f64()).sum();
-    let paired_raw: f64 = raws[..ROUNDS].iter().sum::<f64>() / ROUNDS as f64;
-    let etcd1_vs_raw = single_steps as f64 / single_secs / paired_raw;
-    cells.insert(0, merge(singles));
-    println!("clients  steps/s  txns/s  steps/txn  vs raw");
-    for c in &cells {
-        let secs = c.rate.elapsed.as_secs_f64();
-        println!(
-            "{:>7}  {:>7.0}  {:>6.0}  {:>9.1}  {:>5.2}x",
-            c.clients,
-            c.rate.steps_per_sec(),
-            c.txns as f64 / secs,
-            c.rate.steps as f64 / c.txns.max(1) as f64,
-            c.rate.steps_per_sec() / raw
-        );
-    }
+    let etcd1_vs_raw = one_client_ratio(&raws, &singles);
+    cells.insert(0, merge(&singles));
+    let what = format!("fenced one-put transactions ({value_len} B)");
+    print_cells(&what, &raws, &singles, &cells);
     let db_mib_after = runtime.block_on(db_mib(&endpoints));
     println!(
         "etcd's database after the cells: {db_mib_after:.1} MiB (the largest member's; the stores compact every minute, keeping five)"
     );
-    let takeovers = takeover(&cluster, if quick { 3 } else { 5 });
+    let endpoints = cluster.endpoints().join(",");
+    let store = ["--endpoints", &endpoints, "--prefix", "/bench/takeover"];
+    let takeovers = takeover(&store, if quick { 3 } else { 5 });
     let takeover_s = takeovers.iter().sum::<f64>() / takeovers.len() as f64;
     let c256 = cells.iter().find(|c| c.clients == 256).expect("cell");
     Summary {
@@ -245,23 +211,6 @@ async fn fenced_executor(store: Arc<EtcdStore>, term: Term) -> Executor<()> {
         .expect("start the executor")
 }
 
-/// The cells of one concurrency as one: their steps, transactions and times summed.
-fn merge(cells: Vec<Cell>) -> Cell {
-    let mut rate = Rate::ZERO;
-    let mut txns = 0;
-    for c in &cells {
-        rate.steps += c.rate.steps;
-        rate.procedures += c.rate.procedures;
-        rate.elapsed += c.rate.elapsed;
-        txns += c.txns;
-    }
-    Cell {
-        clients: cells[0].clients,
-        rate,
-        txns,
-    }
-}
-
 /// The executor on a fresh prefix, `clients` closed-loop clients for `cell`.
 async fn executor_cell(endpoints: &[String], clients: u64, cell: Duration) -> Cell {
     static CELLS: AtomicUsize = AtomicUsize::new(0);
@@ -332,38 +281,4 @@ async fn raw_loop(endpoints: &[String], value_len: usize, cell: Duration, fence:
     let rate = txns as f64 / start.elapsed().as_secs_f64();
     let _ = election.resign(term).await;
     rate
-}
-
-/// Three workers; the leader is killed `kills` times, each time once it has worked for
-/// 700 ms. Returns each takeover in seconds: from the kill until a standby leads.
-fn takeover(cluster: &LocalCluster, kills: usize) -> Vec<f64> {
-    let args = [
-        "--procedures",
-        "20",
-        "--steps",
-        "1000000",
-        "--step-ms",
-        "50",
-        "--ttl",
-        &TAKEOVER_TTL_S.to_string(),
-    ];
-    let mut workers = Workers::start(cluster, "/bench/takeover", 3, &args);
-    let within = Duration::from_secs(4 * TAKEOVER_TTL_S);
-    let mut leader = workers.next_leader(Duration::from_secs(30));
-    let mut takeovers = Vec::new();
-    for kill in 1..=kills {
-        std::thread::sleep(Duration::from_millis(700));
-        let victim = leader.worker;
-        workers.kill(victim);
-        let killed = Instant::now();
-        leader = workers.next_leader(within);
-        let seconds = (leader.at - killed).as_secs_f64();
-        println!(
-            "kill {kill} of the leader w{victim}: takeover: {seconds:.2} s (lease ttl {TAKEOVER_TTL_S} s) by w{}",
-            leader.worker
-        );
-        takeovers.push(seconds);
-        workers.spawn(victim);
-    }
-    takeovers
 }

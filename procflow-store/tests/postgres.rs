@@ -194,6 +194,37 @@ async fn a_lost_answer_is_an_unknown_outcome_and_the_store_goes_on() {
     assert_eq!(ids, [1, 2, 3], "the lost answer's commit had applied");
 }
 
+/// A step's commit (one record put, nothing else) takes a statement of its own, without
+/// the `apply` function: it is fenced the same, and says so the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_record_put_is_fenced_like_any_batch() {
+    let server = server();
+    let store = store(&server, |c| c).await;
+    let config = store.config().clone();
+    let first = new_owner(config.clone()).await;
+    let step = |id, token| {
+        Batch::new()
+            .put(id, Some(9), vec![1])
+            .with_fencing_token(token)
+    };
+    store.commit(step(1, first)).await.unwrap();
+    let second = new_owner(config).await;
+    let error = store.commit(step(2, first)).await.unwrap_err();
+    assert!(
+        matches!(error, StoreError::Fenced { token, highest } if token == first && highest == second),
+        "{error}"
+    );
+    store.commit(step(2, second)).await.unwrap();
+    let ids: Vec<(u64, Option<u64>)> = store
+        .list()
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.id, r.parent))
+        .collect();
+    assert_eq!(ids, [(1, Some(9)), (2, Some(9))]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_schema_is_versioned_and_a_newer_one_is_refused() {
     let server = server();

@@ -74,8 +74,8 @@ async fn commit_group(
     }
 }
 
-/// One call of `apply`. A connection whose request timed out or broke is dropped, not
-/// reused: what it still carries may yet apply.
+/// One transaction of `plan`. A connection whose request timed out or broke is dropped,
+/// not reused: what it still carries may yet apply.
 async fn apply(
     shared: &Shared,
     connection: &mut Option<Object>,
@@ -88,13 +88,12 @@ async fn apply(
         *connection = Some(shared.connect("connecting to PostgreSQL").await?);
     }
     let client = connection.as_ref().expect("connected above");
-    let params = Params::of(plan);
-    let call = async {
-        let statement = client.prepare_cached(&shared.call_apply).await?;
-        client.execute(&statement, &params.refs()).await
-    };
-    match tokio::time::timeout(shared.timeout, call).await {
-        Ok(Ok(_)) => Ok(()),
+    match tokio::time::timeout(shared.timeout, send(shared, client, plan)).await {
+        Ok(Ok(None)) => Ok(()),
+        Ok(Ok(Some(highest))) => Err(StoreError::Fenced {
+            token: plan.token.and_then(|t| u64::try_from(t).ok()).unwrap_or(0),
+            highest: u64::try_from(highest).unwrap_or(0),
+        }),
         Ok(Err(error)) => {
             if let Some(refusal) = refusal(&error, plan.token) {
                 return Err(refusal);
@@ -118,6 +117,35 @@ async fn apply(
             ))
         }
     }
+}
+
+/// Sends `plan` as one statement: `Ok(None)` once it applied, `Ok(Some(term))` if a
+/// one-record put found the leader row at another `term` and wrote nothing.
+async fn send(
+    shared: &Shared,
+    client: &Object,
+    plan: &Plan,
+) -> Result<Option<i64>, tokio_postgres::Error> {
+    if let Some((
+        id,
+        RecordWrite::Put {
+            parent,
+            finished,
+            value,
+        },
+    )) = plan.single_put()
+    {
+        let statement = client.prepare_cached(&shared.sql.put_one).await?;
+        let params: [&(dyn ToSql + Sync); 5] = [&plan.token, &id, parent, finished, value];
+        if client.execute(&statement, &params).await? == 1 {
+            return Ok(None);
+        }
+        let statement = client.prepare_cached(&shared.sql.term).await?;
+        return Ok(Some(client.query_one(&statement, &[]).await?.get(0)));
+    }
+    let statement = client.prepare_cached(&shared.sql.apply).await?;
+    client.execute(&statement, &Params::of(plan).refs()).await?;
+    Ok(None)
 }
 
 /// The store's refusal `error` carries, if `apply` raised one.

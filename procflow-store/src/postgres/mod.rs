@@ -202,8 +202,8 @@ pub(crate) struct Shared {
     pool: Pool,
     config: PgConfig,
     timeout: Duration,
-    /// `apply`'s call, with the schema's name in it.
-    call_apply: String,
+    /// The committer's statements.
+    sql: schema::Statements,
     /// Named in errors: the connection string and the schema.
     location: PathBuf,
 }
@@ -236,7 +236,7 @@ impl PgStore {
         let shared = Arc::new(Shared {
             pool,
             timeout: config.request_timeout,
-            call_apply: schema::sql(schema::CALL_APPLY, &config.schema),
+            sql: schema::Statements::new(&config.schema),
             config,
             location,
         });

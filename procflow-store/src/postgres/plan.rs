@@ -178,6 +178,20 @@ impl Plan {
         true
     }
 
+    /// The one record this plan writes, if it writes one record, with a whole row, and
+    /// nothing else: a procedure's step.
+    pub(crate) fn single_put(&self) -> Option<(i64, &RecordWrite)> {
+        let checks = self.must_exist.len() + self.must_be_absent.len() + self.meta.len();
+        match self.records.iter().next() {
+            Some((&id, write @ RecordWrite::Put { .. }))
+                if self.records.len() == 1 && checks == 0 =>
+            {
+                Some((id, write))
+            }
+            _ => None,
+        }
+    }
+
     fn merge(&mut self, batch: &Prepared) {
         for (id, write) in &batch.records {
             self.records.insert(*id, write.clone());

@@ -187,24 +187,65 @@ BEGIN
                 USING ERRCODE = 'PF003', DETAIL = taken;
         END IF;
     END IF;
-    UPDATE {s}.records AS r SET finished = true, value = f.value
-        FROM unnest(finish_ids, finish_values) AS f(id, value) WHERE r.id = f.id;
-    DELETE FROM {s}.records WHERE id = ANY(delete_ids);
-    INSERT INTO {s}.records (id, parent, finished, value)
-        SELECT * FROM unnest(put_ids, put_parents, put_finished, put_values)
-        ON CONFLICT (id) DO UPDATE
-            SET parent = excluded.parent, finished = excluded.finished, value = excluded.value;
-    DELETE FROM {s}.meta WHERE key = ANY(meta_deletes);
-    INSERT INTO {s}.meta (key, value)
-        SELECT * FROM unnest(meta_keys, meta_values)
-        ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+    -- Each write only if it has rows: an empty statement still costs its execution, a
+    -- third of a one-step commit's time on the server.
+    IF cardinality(finish_ids) > 0 THEN
+        UPDATE {s}.records AS r SET finished = true, value = f.value
+            FROM unnest(finish_ids, finish_values) AS f(id, value) WHERE r.id = f.id;
+    END IF;
+    IF cardinality(delete_ids) > 0 THEN
+        DELETE FROM {s}.records WHERE id = ANY(delete_ids);
+    END IF;
+    IF cardinality(put_ids) > 0 THEN
+        INSERT INTO {s}.records (id, parent, finished, value)
+            SELECT * FROM unnest(put_ids, put_parents, put_finished, put_values)
+            ON CONFLICT (id) DO UPDATE
+                SET parent = excluded.parent, finished = excluded.finished, value = excluded.value;
+    END IF;
+    IF cardinality(meta_deletes) > 0 THEN
+        DELETE FROM {s}.meta WHERE key = ANY(meta_deletes);
+    END IF;
+    IF cardinality(meta_keys) > 0 THEN
+        INSERT INTO {s}.meta (key, value)
+            SELECT * FROM unnest(meta_keys, meta_values)
+            ON CONFLICT (key) DO UPDATE SET value = excluded.value;
+    END IF;
 END
 $fn$;
 "#;
 
-/// The statement the committer prepares: one call of `apply`.
-pub(crate) const CALL_APPLY: &str =
-    "SELECT {s}.apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)";
+/// The statements the committer prepares, with the schema's name in them.
+pub(crate) struct Statements {
+    /// One call of `apply`.
+    pub(crate) apply: String,
+    /// A commit that puts one record and does nothing else (a procedure's step, the most
+    /// common commit): `apply`'s fence in the same statement, no function call. `$1` is
+    /// the fence (NULL: none), `$2`..`$5` the row. It writes nothing if the fence fails.
+    pub(crate) put_one: String,
+    /// The leader row's term, for the error of a `put_one` that wrote nothing.
+    pub(crate) term: String,
+}
+
+impl Statements {
+    pub(crate) fn new(schema: &str) -> Self {
+        Self {
+            apply: sql(
+                "SELECT {s}.apply($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                schema,
+            ),
+            put_one: sql(PUT_ONE, schema),
+            term: sql("SELECT term FROM {s}.leader WHERE id = 1", schema),
+        }
+    }
+}
+
+/// See [`Statements::put_one`]. The fence reads the row as `apply` does, `FOR KEY SHARE`.
+const PUT_ONE: &str = "WITH fence AS (
+    SELECT term FROM {s}.leader WHERE id = 1 AND ($1::bigint IS NULL OR term = $1) FOR KEY SHARE)
+INSERT INTO {s}.records (id, parent, finished, value)
+    SELECT $2, $3, $4, $5 FROM fence
+    ON CONFLICT (id) DO UPDATE
+        SET parent = excluded.parent, finished = excluded.finished, value = excluded.value";
 
 #[cfg(test)]
 mod tests {
