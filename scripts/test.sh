@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every test of the workspace, the etcd ones included (`--all-features`), after installing
-# what they need when it is missing (scripts/install-test-deps.sh).
+# Every test of the workspace, the etcd and PostgreSQL ones included (`--all-features`),
+# after installing what they need when it is missing (scripts/install-test-deps.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -225,6 +225,38 @@ async fn a_one_record_put_is_fenced_like_any_batch() {
     assert_eq!(ids, [(1, Some(9)), (2, Some(9))]);
 }
 
+/// A commit whose statement is held in a slow link times out (unknown); the store ends
+/// that connection's server process before it sends anything else, so the statement,
+/// delivered late, cannot overwrite a newer value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_held_in_a_slow_link_cannot_apply_after_a_later_one() {
+    let server = server();
+    let proxy = Proxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap()).await;
+    let port = proxy.endpoint().rsplit_once(':').unwrap().1.to_owned();
+    let connection = format!("host=127.0.0.1 port={port} user=procflow dbname=postgres");
+    let config = PgConfig::new(connection, fresh_schema()).request_timeout(Duration::from_secs(1));
+    let store = PgStore::connect(config).await.unwrap();
+    store
+        .commit(Batch::new().put(1, None, b"v1".to_vec()))
+        .await
+        .unwrap();
+    proxy.hold();
+    let error = store
+        .commit(Batch::new().put(1, None, b"late".to_vec()))
+        .await
+        .unwrap_err();
+    assert!(error.may_have_applied(), "{error}");
+    store
+        .commit(Batch::new().put(1, None, b"v3".to_vec()))
+        .await
+        .unwrap();
+    let late = proxy.deliver().await;
+    assert!(late > 0, "the held statement was delivered");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let record = store.get(1).await.unwrap().unwrap();
+    assert_eq!(&record.value[..], b"v3", "the late statement did not apply");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_schema_is_versioned_and_a_newer_one_is_refused() {
     let server = server();

@@ -229,7 +229,7 @@ async fn terms_of_a_local_election_only_grow_and_resigning_twice_is_harmless() {
 
 /// The same group on a real 3-member etcd cluster: each member has its own connection, as
 /// separate processes would, and the election and the fencing are etcd's.
-#[cfg(feature = "etcd")]
+#[cfg(any(feature = "etcd", all(feature = "postgres", unix)))]
 #[path = "../../procflow-store/tests/common/proxy.rs"]
 mod proxy;
 
@@ -585,5 +585,207 @@ mod on_etcd {
             .commit(Batch::new().delete(id.get()).with_fencing_token(new_token))
             .await
             .unwrap();
+    }
+}
+
+/// The same group on a real PostgreSQL server: each member has its own connections, as
+/// separate processes would, and the election and the fencing are the database's.
+#[cfg(all(feature = "postgres", unix))]
+mod on_postgres {
+    use super::*;
+    use procflow::group::PgElection;
+    use procflow_store::postgres::{LocalPostgres, PgConfig, PgStore};
+    use procflow_store::{Batch, StoreError};
+    use std::time::Instant;
+
+    use super::proxy::Proxy;
+
+    const TTL: Duration = Duration::from_secs(2);
+
+    fn server() -> LocalPostgres {
+        LocalPostgres::start().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A member whose store and election use `config`, each with connections of its own.
+    async fn pg_member(config: &PgConfig, address: &str, env: &Arc<Env>) -> ExecutorGroup<Env> {
+        let store: Arc<dyn Store> = Arc::new(PgStore::connect(config.clone()).await.unwrap());
+        let election = PgElection::new(config, address, TTL);
+        let env = Arc::clone(env);
+        ExecutorGroup::join(Arc::new(election), address, move || {
+            Executor::builder_shared(Arc::clone(&store), Arc::clone(&env)).register::<MoveState>()
+        })
+    }
+
+    /// The leader row's term, holder and time left on its lease (ms, 0 once expired).
+    async fn leader_row(config: &PgConfig) -> (i64, Option<String>, i64) {
+        let client = config.connect().await.unwrap();
+        let sql = format!(
+            "SELECT term, holder, greatest(0, extract(epoch FROM expires_at - clock_timestamp()) \
+             * 1000)::bigint FROM {} WHERE id = 1",
+            config.leader_table()
+        );
+        let row = client.query_one(&sql, &[]).await.unwrap();
+        (row.get(0), row.get(1), row.get(2))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_postgres_a_leader_that_shuts_down_hands_over_at_once_and_its_work_resumes() {
+        let server = server();
+        let config = PgConfig::new(server.connection_string(), "group_handover");
+        let (closed, open) = (Env::new(false), Env::new(true));
+        let a = pg_member(&config, "a:1", &closed).await;
+        let leader = a.leading().await;
+        let b = pg_member(&config, "b:1", &open).await;
+        match b.executor().await {
+            Err(GroupError::NotLeader { leader }) => assert_eq!(leader.as_deref(), Some("a:1")),
+            other => panic!("a standby answered {:?}", other.map(|_| ())),
+        }
+        let ids = [
+            leader.submit(Move).await.unwrap(),
+            leader.submit(Move).await.unwrap(),
+        ];
+        eventually("two procedures in Work", || closed.worked() == 2).await;
+        let old_term = a.term().unwrap();
+        // The shutdown waits for the steps in flight, so let them end after it starts.
+        let shutdown = tokio::spawn(async move {
+            a.shutdown().bounded().await.unwrap();
+            a
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        closed.gate.add_permits(2);
+        let a = shutdown.await.unwrap();
+        let resigned = Instant::now();
+        let executor = b.leading().await;
+        let took = resigned.elapsed();
+        println!("a standby led {took:?} after the leader resigned (lease TTL {TTL:?})");
+        // A resigned lease ends at once: the standby wins at its next look (a quarter TTL
+        // at most), not when the lease would have run out.
+        assert!(took < TTL * 3 / 4, "{took:?}");
+        assert!(b.term().unwrap().token > old_term.token);
+        for id in ids {
+            assert!(matches!(
+                executor.wait(id).bounded().await.unwrap(),
+                Outcome::Succeeded
+            ));
+        }
+        assert!(matches!(a.executor().await, Err(GroupError::ShutDown)));
+        b.shutdown().bounded().await.unwrap();
+    }
+
+    /// A leader whose renewals get no answer (they may still reach the database) steps
+    /// down before its lease can expire, so no standby ever leads while it still thinks
+    /// it does.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_postgres_a_leader_without_renewals_steps_down_before_its_lease_expires() {
+        let server = server();
+        let direct = PgConfig::new(server.connection_string(), "group_renewals");
+        let proxy = Proxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap()).await;
+        let port = proxy.endpoint().rsplit_once(':').unwrap().1.to_owned();
+        let proxied = PgConfig::new(
+            format!("host=127.0.0.1 port={port} user=procflow dbname=postgres"),
+            "group_renewals",
+        );
+        let (env_a, env_b) = (Env::new(true), Env::new(true));
+        let a = {
+            let store: Arc<dyn Store> = Arc::new(PgStore::connect(direct.clone()).await.unwrap());
+            let election = PgElection::new(&proxied, "a:1", TTL);
+            ExecutorGroup::join(Arc::new(election), "a:1", move || {
+                Executor::builder_shared(Arc::clone(&store), Arc::clone(&env_a))
+                    .register::<MoveState>()
+            })
+        };
+        let leader = a.leading().await;
+        // Let a renewal or two go through, so the keeper holds its own connection.
+        tokio::time::sleep(TTL).await;
+        let b = pg_member(&direct, "b:1", &env_b).await;
+        proxy.black_hole();
+        let cut = Instant::now();
+        let mut lost_at = None;
+        eventually("the leader to step down", || {
+            lost_at = leader.halted().is_some().then(Instant::now);
+            lost_at.is_some()
+        })
+        .await;
+        let lost_at = lost_at.unwrap();
+        let (_, holder, left) = leader_row(&direct).await;
+        println!(
+            "stepped down {:?} after its link went silent, its lease still {left} ms to run",
+            lost_at - cut
+        );
+        assert_eq!(
+            holder.as_deref(),
+            Some("a:1"),
+            "no one else took the row yet"
+        );
+        assert!(
+            left > 0,
+            "the lease had expired before the leader stepped down"
+        );
+        let why = a.last_error().expect("the old leader says why").to_string();
+        assert!(why.contains("no renewal acknowledged in time"), "{why}");
+        b.leading().bounded().await;
+        proxy.heal();
+        for member in [&a, &b] {
+            member.shutdown().bounded().await.unwrap();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn on_postgres_a_replaced_leader_that_did_not_notice_is_fenced_by_the_database() {
+        let server = server();
+        let config = PgConfig::new(server.connection_string(), "group_fenced");
+        let store: Arc<dyn Store> = Arc::new(PgStore::connect(config.clone()).await.unwrap());
+        let old_election = PgElection::new(&config, "old:1", Duration::from_secs(30));
+        let old_term = old_election.campaign().await.unwrap();
+        // The old leader never hears that it lost (as if paused): only the database can
+        // stop it.
+        let env = Env::new(false);
+        let old = Executor::builder_shared(Arc::clone(&store), Arc::clone(&env))
+            .register::<MoveState>()
+            .fencing_token(old_term.token)
+            .start()
+            .await
+            .unwrap();
+        let id = old.submit(Move).await.unwrap();
+        eventually("the procedure in Work", || env.worked() == 1).await;
+
+        // A new leader takes the row (as after the old lease expired).
+        let client = config.connect().await.unwrap();
+        let take = format!(
+            "UPDATE {} SET term = term + 1, holder = 'new:1' WHERE id = 1 RETURNING term",
+            config.leader_table()
+        );
+        let new_token: i64 = client.query_one(&take, &[]).await.unwrap().get(0);
+        let new_token = u64::try_from(new_token).unwrap();
+        let before = store.load().await.unwrap();
+
+        // The old leader's step ends and tries to persist: the database refuses, it halts.
+        env.gate.add_permits(1);
+        eventually("the old leader to halt", || old.halted().is_some()).await;
+        match old.halted() {
+            Some(ExecutorError::Fenced { token, highest }) => {
+                assert_eq!((token, highest), (old_term.token, new_token));
+            }
+            other => panic!("halted with {other:?}"),
+        }
+        assert_eq!(
+            store.load().await.unwrap(),
+            before,
+            "nothing of the old leader landed"
+        );
+        let err = store
+            .commit(
+                Batch::new()
+                    .delete(id.get())
+                    .with_fencing_token(old_term.token),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Fenced { .. }), "{err}");
+        store
+            .commit(Batch::new().delete(id.get()).with_fencing_token(new_token))
+            .await
+            .unwrap();
+        assert_eq!(leader_row(&config).await.1.as_deref(), Some("new:1"));
     }
 }

@@ -22,7 +22,7 @@ pub(crate) struct Pending {
 
 /// Runs until every sender is dropped and the queue is empty.
 pub(crate) async fn run(shared: Arc<Shared>, mut queue: mpsc::UnboundedReceiver<Pending>) {
-    let mut connection: Option<Object> = None;
+    let mut connection = Link::default();
     let mut carried: Option<Pending> = None;
     loop {
         let first = match carried.take() {
@@ -48,12 +48,7 @@ pub(crate) async fn run(shared: Arc<Shared>, mut queue: mpsc::UnboundedReceiver<
 
 /// Commits `group` as `plan`, one transaction; if a check failed for a group of several,
 /// commits each on its own to find out whose it was.
-async fn commit_group(
-    shared: &Shared,
-    connection: &mut Option<Object>,
-    plan: &Plan,
-    group: Vec<Pending>,
-) {
+async fn commit_group(shared: &Shared, connection: &mut Link, plan: &Plan, group: Vec<Pending>) {
     let result = apply(shared, connection, plan).await;
     let refused_check = matches!(
         result,
@@ -76,18 +71,11 @@ async fn commit_group(
 
 /// One transaction of `plan`. A connection whose request timed out or broke is dropped,
 /// not reused: what it still carries may yet apply.
-async fn apply(
-    shared: &Shared,
-    connection: &mut Option<Object>,
-    plan: &Plan,
-) -> Result<(), StoreError> {
+async fn apply(shared: &Shared, connection: &mut Link, plan: &Plan) -> Result<(), StoreError> {
     let context = "committing a transaction (it may or may not have applied)";
-    if connection.as_ref().is_none_or(|c| c.is_closed()) {
-        // Nothing was sent: a failure here is a definite one, but reported as the
-        // others, an I/O error.
-        *connection = Some(shared.connect("connecting to PostgreSQL").await?);
-    }
-    let client = connection.as_ref().expect("connected above");
+    // Nothing is sent if this fails: a definite failure, reported as the others are, an
+    // I/O error.
+    let client = connection.ready(shared).await?;
     match tokio::time::timeout(shared.timeout, send(shared, client, plan)).await {
         Ok(Ok(None)) => Ok(()),
         Ok(Ok(Some(highest))) => Err(StoreError::Fenced {
@@ -99,12 +87,12 @@ async fn apply(
                 return Err(refusal);
             }
             if error.as_db_error().is_none() {
-                drop(connection.take().map(Object::take));
+                connection.abandon();
             }
             Err(shared.io(context, std::io::Error::other(error)))
         }
         Err(_) => {
-            drop(connection.take().map(Object::take));
+            connection.abandon();
             Err(shared.io(
                 context,
                 std::io::Error::new(
@@ -116,6 +104,82 @@ async fn apply(
                 ),
             ))
         }
+    }
+}
+
+/// The committer's connection, with its server process's id; and the process of the last
+/// connection it gave up on with a statement's outcome unknown.
+///
+/// A statement whose answer never came may still be on its way (in a socket buffer, a
+/// slow link, a proxy), and would run whenever it reaches its server process, after
+/// later commits on a new connection. So before anything is sent on a new connection,
+/// that process is ended (`pg_terminate_backend`, waiting for it to exit): whatever it
+/// did is then final, and nothing of it can apply late.
+#[derive(Default)]
+struct Link {
+    connection: Option<(Object, i32)>,
+    abandoned: Option<i32>,
+}
+
+/// Ends server process `$1`, waiting up to `$2` ms; true once it is gone.
+const TERMINATE: &str = "SELECT pg_terminate_backend($1, $2) \
+     OR NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)";
+
+impl Link {
+    /// The connection, opened if needed; a new one only once the abandoned process has
+    /// ended.
+    async fn ready(&mut self, shared: &Shared) -> Result<&Object, StoreError> {
+        if self.connection.as_ref().is_some_and(|(c, _)| c.is_closed()) {
+            self.abandon();
+        }
+        if self.connection.is_none() {
+            let context = "connecting to PostgreSQL";
+            let object = shared.connect(context).await?;
+            let pid = shared
+                .timed(context, async {
+                    Ok(object
+                        .query_one("SELECT pg_backend_pid()", &[])
+                        .await?
+                        .get(0))
+                })
+                .await?;
+            if let Some(old) = self.abandoned {
+                end_process(shared, &object, old).await?;
+                self.abandoned = None;
+            }
+            self.connection = Some((object, pid));
+        }
+        Ok(&self.connection.as_ref().expect("connected above").0)
+    }
+
+    /// Drops the connection; its process is to be ended before the next is used.
+    fn abandon(&mut self) {
+        if let Some((object, pid)) = self.connection.take() {
+            drop(Object::take(object));
+            self.abandoned = Some(pid);
+        }
+    }
+}
+
+/// Ends server process `pid` through `client`, or fails if it is still there.
+async fn end_process(shared: &Shared, client: &Object, pid: i32) -> Result<(), StoreError> {
+    let context = "ending the server process of a connection given up on";
+    let wait_ms = i64::try_from(shared.timeout.as_millis()).unwrap_or(i64::MAX);
+    let gone: bool = shared
+        .timed(context, async {
+            Ok(client.query_one(TERMINATE, &[&pid, &wait_ms]).await?.get(0))
+        })
+        .await?;
+    if gone {
+        Ok(())
+    } else {
+        Err(shared.io(
+            context,
+            std::io::Error::other(format!(
+                "server process {pid} did not end within {:?}",
+                shared.timeout
+            )),
+        ))
     }
 }
 

@@ -264,11 +264,25 @@ fn server(message: String) -> LocalPostgresError {
     LocalPostgresError::Server(message)
 }
 
-/// The directory of `initdb`, `postgres` and `pg_isready`.
+/// The directory of `initdb`, `postgres` and `pg_isready`, looked for where
+/// [`LocalPostgres`] says.
 fn binaries() -> Result<PathBuf, LocalPostgresError> {
+    find_binaries(
+        std::env::var_os("PG_BIN").map(PathBuf::from),
+        Path::new("/usr/lib/postgresql"),
+        std::env::var_os("PATH"),
+    )
+}
+
+/// [`binaries`] with its places given: `$PG_BIN`, Debian's root of majors
+/// (`<root>/<major>/bin`, the newest first), and `$PATH`.
+fn find_binaries(
+    pg_bin: Option<PathBuf>,
+    debian: &Path,
+    path: Option<std::ffi::OsString>,
+) -> Result<PathBuf, LocalPostgresError> {
     let has_initdb = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
-    if let Some(dir) = std::env::var_os("PG_BIN") {
-        let dir = PathBuf::from(dir);
+    if let Some(dir) = pg_bin {
         return if has_initdb(&dir) {
             Ok(dir)
         } else {
@@ -278,8 +292,7 @@ fn binaries() -> Result<PathBuf, LocalPostgresError> {
             )))
         };
     }
-    // Debian: /usr/lib/postgresql/<major>/bin; the newest major first.
-    let mut majors: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+    let mut majors: Vec<(u32, PathBuf)> = std::fs::read_dir(debian)
         .into_iter()
         .flatten()
         .flatten()
@@ -293,15 +306,16 @@ fn binaries() -> Result<PathBuf, LocalPostgresError> {
     if let Some((_, bin)) = majors.pop() {
         return Ok(bin);
     }
-    let on_path = std::env::var_os("PATH")
+    let on_path = path
         .map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
         .unwrap_or_default()
         .into_iter()
         .find(|dir| has_initdb(dir));
     on_path.ok_or_else(|| {
-        LocalPostgresError::Missing(
-            "no initdb in $PG_BIN, /usr/lib/postgresql/*/bin or on PATH".to_owned(),
-        )
+        LocalPostgresError::Missing(format!(
+            "no initdb in $PG_BIN, {}/*/bin or on PATH",
+            debian.display()
+        ))
     })
 }
 
@@ -326,4 +340,43 @@ fn server_owner() -> Result<Option<(u32, u32)>, LocalPostgresError> {
                  user (the package creates it: {INSTALL_POSTGRES})"
             ))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bin_dir(root: &Path, name: &str) -> PathBuf {
+        let dir = root.join(name).join("bin");
+        std::fs::create_dir_all(&dir).unwrap();
+        for program in ["initdb", "postgres"] {
+            std::fs::write(dir.join(program), b"").unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn missing_binaries_fail_naming_the_install_command() {
+        let empty = tempfile::tempdir().unwrap();
+        let error = find_binaries(None, empty.path(), Some("/nonexistent".into())).unwrap_err();
+        let message = error.to_string();
+        assert!(matches!(error, LocalPostgresError::Missing(_)), "{message}");
+        assert!(
+            message.contains("sudo apt-get install -y postgresql"),
+            "{message}"
+        );
+        let error = find_binaries(Some(empty.path().into()), empty.path(), None).unwrap_err();
+        assert!(error.to_string().contains("$PG_BIN is"), "{error}");
+    }
+
+    #[test]
+    fn the_newest_debian_major_wins_and_pg_bin_comes_first() {
+        let root = tempfile::tempdir().unwrap();
+        bin_dir(root.path(), "9");
+        let newest = bin_dir(root.path(), "15");
+        assert_eq!(find_binaries(None, root.path(), None).unwrap(), newest);
+        let chosen = bin_dir(root.path(), "chosen");
+        let found = find_binaries(Some(chosen.clone()), root.path(), None).unwrap();
+        assert_eq!(found, chosen);
+    }
 }

@@ -20,7 +20,9 @@
 //!   refused with [`StoreError::Fenced`]. procflow's `PgElection` writes that row.
 //! * **Unknown outcomes.** Every request has a deadline. A timeout or a lost connection
 //!   while a commit is in flight is [`StoreError::Io`]: the batch may or may not be
-//!   durable, and the connection is dropped, not reused.
+//!   durable. The connection is dropped, and its server process ended before anything
+//!   else is sent, so that the statement cannot apply late, after a newer write
+//!   (PostgreSQL 14 or later).
 //! * **Paged loading at one snapshot.** [`load`](crate::Store::load) and
 //!   [`list`](crate::Store::list) read `page_size` rows per request inside one
 //!   `REPEATABLE READ` transaction, so a million procedures load without one giant

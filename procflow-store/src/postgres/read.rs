@@ -40,7 +40,7 @@ impl Shared {
     }
 
     /// `request` within the deadline, its error an I/O error of `context`.
-    async fn timed<T>(
+    pub(crate) async fn timed<T>(
         &self,
         context: &'static str,
         request: impl Future<Output = Result<T, tokio_postgres::Error>>,

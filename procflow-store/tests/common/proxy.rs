@@ -115,6 +115,22 @@ impl Proxy {
         delivered
     }
 
+    /// Delivers the held bytes, late, on their original upstream connections, without
+    /// waiting for an answer (the server may have closed them). Returns how many bytes
+    /// were written.
+    pub async fn deliver(&self) -> usize {
+        let mut delivered = 0;
+        for conn in self.open() {
+            let Some(bytes) = conn.held.lock().unwrap().take() else {
+                continue;
+            };
+            if conn.upstream.lock().await.write_all(&bytes).await.is_ok() {
+                delivered += bytes.len();
+            }
+        }
+        delivered
+    }
+
     /// Delays every chunk, both ways, by `delay`.
     pub fn delay(&self, delay: Duration) {
         let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
