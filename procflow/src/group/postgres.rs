@@ -23,7 +23,17 @@ use tokio::task::JoinHandle;
 use super::election::{Election, ElectionError, Term};
 
 /// One candidate of the election on a PostgreSQL store's leader row (cargo feature
-/// `postgres`); see the [module docs](self) for how terms begin and end.
+/// `postgres`).
+///
+/// The row (`{schema}.leader`) holds a term, a holder and a lease's expiry on the
+/// database's clock. A candidate campaigns with one `UPDATE` that takes the row only once
+/// the lease has expired and moves the term up by one: the new term is the fencing token
+/// `PgStore` compares in every fenced transaction. A leader renews its lease every third
+/// of the TTL, on a connection of its own, and ends its term two thirds of the TTL after
+/// the send of its last acknowledged renewal (or of its campaign, before the first): the
+/// lease cannot have expired yet. A renewal that finds another term deposes it at once.
+/// Standbys read how long the lease has left and try again as it ends; a resigned lease
+/// ends at once.
 ///
 /// The row is created with the store's schema: connect a
 /// [`PgStore`](procflow_store::postgres::PgStore) to the schema before campaigning.
