@@ -20,7 +20,7 @@ mod workers;
 use std::time::{Duration, Instant};
 
 use procflow_store::etcd::LocalCluster;
-use workers::{Line, Workers};
+use workers::Workers;
 
 const PROCEDURES: u32 = 100;
 const STEPS: u32 = 20;
@@ -54,88 +54,20 @@ fn assert_ledger_exactly_once(ledger: &[(u64, u64, u64)]) {
     workers::assert_ledger_exactly_once(ledger, PROCEDURES, STEPS);
 }
 
-fn leader_index(line: &Line) -> usize {
-    line.worker
-}
-
 #[test]
 fn the_group_survives_five_leader_kills_with_every_effect_exactly_once() {
     let cluster = cluster();
     let mut workers = start_workers(&cluster, "/failover", 3, &["--step-ms", "100"]);
-    let mut leader = workers.next_leader(Duration::from_secs(30));
-    let mut takeovers = Vec::new();
-    for kill in 1..=5 {
-        // Let the leader make progress, then kill it mid-run.
-        std::thread::sleep(Duration::from_millis(700));
-        let victim = leader_index(&leader);
-        workers.kill(victim);
-        let killed_at = Instant::now();
-        leader = workers.next_leader(Duration::from_secs(4 * TTL_S));
-        assert_ne!(leader.worker, victim);
-        let takeover = leader.at - killed_at;
-        println!(
-            "kill {kill}: takeover: {:.2} s (lease ttl {TTL_S} s) by {}",
-            takeover.as_secs_f64(),
-            leader.text
-        );
-        takeovers.push(takeover);
-        workers.spawn(victim);
-    }
-    workers.expect(Duration::from_secs(120), "all done", |l| {
-        l.text == format!("all done {PROCEDURES}")
-    });
-    let ledger = workers.ledger();
-    assert_ledger_exactly_once(&ledger);
-    let tokens: std::collections::BTreeSet<u64> = ledger.iter().map(|l| l.2).collect();
-    assert!(tokens.len() >= 6, "six leaders wrote: {tokens:?}");
-    for takeover in takeovers {
-        assert!(
-            takeover <= Duration::from_secs(2 * TTL_S),
-            "takeover {takeover:?} > 2 × ttl"
-        );
-    }
+    workers::survive_five_leader_kills(&mut workers, TTL_S, PROCEDURES, STEPS);
 }
 
 #[test]
 fn a_frozen_leader_is_fenced_by_etcd_when_it_wakes() {
     let cluster = cluster();
-    let mut workers = start_workers(
-        &cluster,
-        "/fencing",
-        2,
-        &["--step-ms", "100", "--fencing-only"],
-    );
-    let old = workers.next_leader(Duration::from_secs(30));
-    std::thread::sleep(Duration::from_millis(700));
-    workers.signal(old.worker, "-STOP");
-    // Its lease runs out; the other worker wins and persists progress.
-    let new = workers.next_leader(Duration::from_secs(4 * TTL_S));
-    assert_ne!(new.worker, old.worker);
-    let new_token: u64 = new.text.rsplit(' ').next().unwrap().parse().unwrap();
-    let start = Instant::now();
-    while !workers.ledger().iter().any(|l| l.2 == new_token) {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the new leader wrote nothing"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    workers.signal(old.worker, "-CONT");
-    let halted = workers.expect(Duration::from_secs(10), "the old leader halting", |l| {
-        l.worker == old.worker && l.text.starts_with("halted: ")
-    });
-    assert!(halted.text.contains("fenced"), "{}", halted.text);
-    workers.expect(Duration::from_secs(120), "all done", |l| {
-        l.worker == new.worker && l.text == format!("all done {PROCEDURES}")
-    });
-    let ledger = workers.ledger();
-    let first_new = ledger.iter().position(|l| l.2 == new_token).unwrap();
-    let old_token: u64 = old.text.rsplit(' ').next().unwrap().parse().unwrap();
-    assert!(
-        ledger[first_new..].iter().all(|l| l.2 != old_token),
-        "no write of the old leader after the new leader's first"
-    );
-    assert_ledger_exactly_once(&ledger);
+    let extra = ["--step-ms", "100", "--fencing-only"];
+    let mut workers = start_workers(&cluster, "/fencing", 2, &extra);
+    let halted = workers::freeze_the_leader_until_fenced(&mut workers, TTL_S, PROCEDURES, STEPS);
+    println!("the old leader: {halted}");
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! one-client ratio taken over rounds side by side with the raw loop, the table they
 //! print, and the takeover of a group whose leader is killed.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::drive::Rate;
 use crate::workers::Workers;
@@ -91,21 +91,5 @@ pub fn takeover(store: &[&str], kills: usize) -> Vec<f64> {
     ];
     let mut workers = Workers::start_on(store, 3, &args);
     let within = Duration::from_secs(4 * TAKEOVER_TTL_S);
-    let mut leader = workers.next_leader(Duration::from_secs(30));
-    let mut takeovers = Vec::new();
-    for kill in 1..=kills {
-        std::thread::sleep(Duration::from_millis(700));
-        let victim = leader.worker;
-        workers.kill(victim);
-        let killed = Instant::now();
-        leader = workers.next_leader(within);
-        let seconds = (leader.at - killed).as_secs_f64();
-        println!(
-            "kill {kill} of the leader w{victim}: takeover: {seconds:.2} s (lease ttl {TAKEOVER_TTL_S} s) by w{}",
-            leader.worker
-        );
-        takeovers.push(seconds);
-        workers.spawn(victim);
-    }
-    takeovers
+    workers.kill_leaders(kills, TAKEOVER_TTL_S, within)
 }

@@ -204,3 +204,99 @@ pub fn assert_ledger_exactly_once(ledger: &[(u64, u64, u64)], procedures: u32, s
         "tokens never go back"
     );
 }
+
+/// The number at the end of a `leading NAME token T` line.
+pub fn token(line: &Line) -> u64 {
+    line.text.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+impl Workers {
+    /// Kills the leader `kills` times, each once it has worked for 700 ms, and starts the
+    /// victim again; returns each takeover (from the kill until another worker leads, at
+    /// most `within`) and the worker that then led. Prints each.
+    pub fn kill_leaders(&mut self, kills: usize, ttl_s: u64, within: Duration) -> Vec<f64> {
+        let mut leader = self.next_leader(Duration::from_secs(30));
+        let mut takeovers = Vec::new();
+        for kill in 1..=kills {
+            std::thread::sleep(Duration::from_millis(700));
+            let victim = leader.worker;
+            self.kill(victim);
+            let killed = Instant::now();
+            leader = self.next_leader(within);
+            assert_ne!(leader.worker, victim, "the killed worker cannot lead");
+            let seconds = (leader.at - killed).as_secs_f64();
+            println!(
+                "kill {kill} of the leader w{victim}: takeover: {seconds:.2} s (lease ttl {ttl_s} s) by w{} ({})",
+                leader.worker, leader.text
+            );
+            takeovers.push(seconds);
+            self.spawn(victim);
+        }
+        takeovers
+    }
+}
+
+/// The failover scenario of `tests/etcd_failover.rs` and `tests/pg_failover.rs` on
+/// `workers` (three, running `procedures` chains of `steps`): five leader kills, each
+/// takeover within twice the TTL, then every procedure done with every ledger entry
+/// written exactly once, by six leaders at least.
+pub fn survive_five_leader_kills(workers: &mut Workers, ttl_s: u64, procedures: u32, steps: u32) {
+    let takeovers = workers.kill_leaders(5, ttl_s, Duration::from_secs(4 * ttl_s));
+    workers.expect(Duration::from_secs(120), "all done", |l| {
+        l.text == format!("all done {procedures}")
+    });
+    let ledger = workers.ledger();
+    assert_ledger_exactly_once(&ledger, procedures, steps);
+    let tokens: std::collections::BTreeSet<u64> = ledger.iter().map(|l| l.2).collect();
+    assert!(tokens.len() >= 6, "six leaders wrote: {tokens:?}");
+    for takeover in takeovers {
+        assert!(
+            takeover <= 2.0 * ttl_s as f64,
+            "takeover {takeover:.2} s > 2 × ttl"
+        );
+    }
+}
+
+/// The fencing scenario on `workers` (two, started with `--fencing-only`): the leader is
+/// frozen with SIGSTOP until the other has won and written, then woken; the store
+/// refuses its next commit, it halts saying `fenced`, and the ledger holds no write of
+/// its token after the new leader's first. Returns the old leader's `halted:` line.
+pub fn freeze_the_leader_until_fenced(
+    workers: &mut Workers,
+    ttl_s: u64,
+    procedures: u32,
+    steps: u32,
+) -> String {
+    let old = workers.next_leader(Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(700));
+    workers.signal(old.worker, "-STOP");
+    // Its lease runs out; the other worker wins and persists progress.
+    let new = workers.next_leader(Duration::from_secs(4 * ttl_s));
+    assert_ne!(new.worker, old.worker);
+    let new_token = token(&new);
+    let start = Instant::now();
+    while !workers.ledger().iter().any(|l| l.2 == new_token) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the new leader wrote nothing"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    workers.signal(old.worker, "-CONT");
+    let halted = workers.expect(Duration::from_secs(10), "the old leader halting", |l| {
+        l.worker == old.worker && l.text.starts_with("halted: ")
+    });
+    assert!(halted.text.contains("fenced"), "{}", halted.text);
+    workers.expect(Duration::from_secs(120), "all done", |l| {
+        l.worker == new.worker && l.text == format!("all done {procedures}")
+    });
+    let ledger = workers.ledger();
+    let first_new = ledger.iter().position(|l| l.2 == new_token).unwrap();
+    let old_token = token(&old);
+    assert!(
+        ledger[first_new..].iter().all(|l| l.2 != old_token),
+        "no write of the old leader after the new leader's first"
+    );
+    assert_ledger_exactly_once(&ledger, procedures, steps);
+    halted.text
+}

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::future::Future;
 
 use bytes::Bytes;
-use deadpool_postgres::Object;
+use deadpool_postgres::{Object, Transaction};
+use tokio_postgres::types::ToSql;
 use tokio_postgres::{IsolationLevel, Row};
 
 use super::{Shared, schema, timed_out};
@@ -89,44 +90,33 @@ impl Shared {
     pub(crate) async fn load(&self) -> Result<Loaded, StoreError> {
         let context = "loading the store";
         self.on_connection(context, async |this, client| {
-            let tx = client
-                .build_transaction()
-                .isolation_level(IsolationLevel::RepeatableRead)
-                .read_only(true);
-            let tx = this.timed(context, tx.start()).await?;
+            let tx = this.snapshot(context, client).await?;
             let mut loaded = Loaded::default();
-            let sql = this.sql(RECORDS_PAGE);
-            let statement = this.timed(context, tx.prepare_cached(&sql)).await?;
-            let mut after = i64::MIN;
-            loop {
-                let page = this.page_size();
-                let rows = this
-                    .timed(context, tx.query(&statement, &[&after, &page]))
-                    .await?;
-                for row in &rows {
-                    loaded.records.push(this.record(row)?);
-                }
-                match rows.last() {
-                    Some(last) if rows.len() as i64 == page => after = last.get(0),
-                    _ => break,
-                }
-            }
-            let sql = this.sql(META_PAGE);
-            let statement = this.timed(context, tx.prepare_cached(&sql)).await?;
-            let mut after: Option<String> = None;
-            loop {
-                let page = this.page_size();
-                let rows = this
-                    .timed(context, tx.query(&statement, &[&after, &page]))
-                    .await?;
-                for row in &rows {
-                    loaded.meta.insert(row.get(0), row.get(1));
-                }
-                match rows.last() {
-                    Some(last) if rows.len() as i64 == page => after = Some(last.get(0)),
-                    _ => break,
-                }
-            }
+            let (records, meta) = (&mut loaded.records, &mut loaded.meta);
+            this.pages(
+                context,
+                &tx,
+                RECORDS_PAGE,
+                i64::MIN,
+                |row| row.get(0),
+                |row| {
+                    records.push(this.record(row)?);
+                    Ok(())
+                },
+            )
+            .await?;
+            this.pages(
+                context,
+                &tx,
+                META_PAGE,
+                None::<String>,
+                |row| row.get(0),
+                |row| {
+                    meta.insert(row.get(0), row.get(1));
+                    Ok(())
+                },
+            )
+            .await?;
             this.timed(context, tx.commit()).await?;
             Ok(loaded)
         })
@@ -136,41 +126,74 @@ impl Shared {
     pub(crate) async fn list(&self) -> Result<Vec<RecordInfo>, StoreError> {
         let context = "listing the store's records";
         self.on_connection(context, async |this, client| {
-            let tx = client
-                .build_transaction()
-                .isolation_level(IsolationLevel::RepeatableRead)
-                .read_only(true);
-            let tx = this.timed(context, tx.start()).await?;
-            let sql = this.sql(INFOS_PAGE);
-            let statement = this.timed(context, tx.prepare_cached(&sql)).await?;
+            let tx = this.snapshot(context, client).await?;
             let mut infos = Vec::new();
-            let mut after = i64::MIN;
-            loop {
-                let page = this.page_size();
-                let rows = this
-                    .timed(context, tx.query(&statement, &[&after, &page]))
-                    .await?;
-                for row in &rows {
+            this.pages(
+                context,
+                &tx,
+                INFOS_PAGE,
+                i64::MIN,
+                |row| row.get(0),
+                |row| {
                     let length: i32 = row.get(3);
                     infos.push(RecordInfo {
                         id: this.id(row.get(0))?,
-                        parent: row
-                            .get::<_, Option<i64>>(1)
-                            .map(|p| this.id(p))
-                            .transpose()?,
+                        parent: this.parent(row)?,
                         finished: row.get(2),
                         value_len: usize::try_from(length).unwrap_or(0),
                     });
-                }
-                match rows.last() {
-                    Some(last) if rows.len() as i64 == page => after = last.get(0),
-                    _ => break,
-                }
-            }
+                    Ok(())
+                },
+            )
+            .await?;
             this.timed(context, tx.commit()).await?;
             Ok(infos)
         })
         .await
+    }
+
+    /// A read-only `REPEATABLE READ` transaction: every statement in it sees one snapshot.
+    async fn snapshot<'a>(
+        &self,
+        context: &'static str,
+        client: &'a mut Object,
+    ) -> Result<Transaction<'a>, StoreError> {
+        let tx = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true);
+        self.timed(context, tx.start()).await
+    }
+
+    /// Reads every row of the page query `template` (`$1`: the key to read after, `$2`:
+    /// the page size) in `tx`, page by page from after `first`, handing each row to
+    /// `each`; `key` gives the key a row ends its page at.
+    async fn pages<K: ToSql + Sync>(
+        &self,
+        context: &'static str,
+        tx: &Transaction<'_>,
+        template: &str,
+        first: K,
+        key: impl Fn(&Row) -> K,
+        mut each: impl FnMut(&Row) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let statement = self
+            .timed(context, tx.prepare_cached(&self.sql(template)))
+            .await?;
+        let page = self.page_size();
+        let mut after = first;
+        loop {
+            let rows = self
+                .timed(context, tx.query(&statement, &[&after, &page]))
+                .await?;
+            for row in &rows {
+                each(row)?;
+            }
+            match rows.last() {
+                Some(last) if rows.len() as i64 == page => after = key(last),
+                _ => return Ok(()),
+            }
+        }
     }
 
     fn page_size(&self) -> i64 {
@@ -181,13 +204,16 @@ impl Shared {
         let value: Vec<u8> = row.get(3);
         Ok(Record {
             id: self.id(row.get(0))?,
-            parent: row
-                .get::<_, Option<i64>>(1)
-                .map(|p| self.id(p))
-                .transpose()?,
+            parent: self.parent(row)?,
             finished: row.get(2),
             value: Bytes::from(value),
         })
+    }
+
+    /// The parent in column 1 of a record's row.
+    fn parent(&self, row: &Row) -> Result<Option<ProcId>, StoreError> {
+        let parent: Option<i64> = row.get(1);
+        parent.map(|p| self.id(p)).transpose()
     }
 
     /// A stored id: never negative, the store writes none.

@@ -71,3 +71,22 @@ pub trait Election: Send + Sync + 'static {
     /// The address the current leader advertises, if one leads.
     fn leader(&self) -> BoxFuture<'_, Result<Option<String>, ElectionError>>;
 }
+
+/// Why term `token` of an election on `service` ended, once the task keeping it says so
+/// on `lost` (`None`: not a term this candidate holds): [`Election::lost`] of the
+/// elections whose terms a background task keeps alive.
+#[cfg(any(feature = "etcd", all(feature = "postgres", unix)))]
+pub(crate) async fn term_over(
+    service: &str,
+    token: u64,
+    lost: Option<tokio::sync::watch::Receiver<Option<String>>>,
+) -> ElectionError {
+    let reason = match lost {
+        Some(mut lost) => match lost.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone().unwrap_or_default(),
+            Err(_) => "the lease keeper is gone".to_owned(),
+        },
+        None => "not a term of this candidate (resigned?)".to_owned(),
+    };
+    ElectionError::new(format!("{service} term {token}: {reason}"))
+}

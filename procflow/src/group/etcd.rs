@@ -26,7 +26,7 @@ use procflow_store::etcd::{EtcdConfig, connect_options};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::election::{Election, ElectionError, Term};
+use super::election::{Election, ElectionError, Term, term_over};
 
 /// One candidate of the election on an etcd store's leader key (cargo feature `etcd`).
 ///
@@ -418,16 +418,7 @@ impl Election for EtcdElection {
 
     fn lost(&self, term: Term) -> BoxFuture<'_, ElectionError> {
         let lost = self.terms().get(&term.token).map(|held| held.lost.clone());
-        Box::pin(async move {
-            let reason = match lost {
-                Some(mut lost) => match lost.wait_for(Option::is_some).await {
-                    Ok(reason) => reason.clone().unwrap_or_default(),
-                    Err(_) => "the lease keeper is gone".to_owned(),
-                },
-                None => "not a term of this candidate (resigned?)".to_owned(),
-            };
-            ElectionError::new(format!("etcd term {}: {reason}", term.token))
-        })
+        Box::pin(term_over("etcd", term.token, lost))
     }
 
     fn resign(&self, term: Term) -> BoxFuture<'_, Result<(), ElectionError>> {
