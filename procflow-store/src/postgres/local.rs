@@ -40,12 +40,20 @@ pub enum LocalPostgresError {
 ///
 /// # Examples
 ///
-/// ```no_run
-/// use procflow_store::postgres::{LocalPostgres, PgConfig};
+/// ```
+/// use procflow_store::postgres::{LocalPostgres, PgConfig, PgStore};
+/// use procflow_store::{Batch, Store};
 ///
 /// let server = LocalPostgres::start()?;
 /// let config = PgConfig::new(server.connection_string(), "procedures");
-/// # Ok::<(), procflow_store::postgres::LocalPostgresError>(())
+/// tokio::runtime::Runtime::new()?.block_on(async {
+///     let store = PgStore::connect(config).await?;
+///     store.commit(Batch::new().put(1, None, b"step 1".to_vec())).await?;
+///     assert_eq!(store.load().await?.records.len(), 1);
+///     Ok::<_, procflow_store::StoreError>(())
+/// })?;
+/// // Dropping `server` kills it and removes its data.
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug)]
 pub struct LocalPostgres {

@@ -28,6 +28,11 @@
 //!   `REPEATABLE READ` transaction, so a million procedures load without one giant
 //!   response, and every page sees the same moment.
 //!
+//! * **Cancel safety.** A dropped `commit` future leaves its batch queued or in flight:
+//!   it commits or not, as if the caller had waited, and nothing else changes. A dropped
+//!   read leaves nothing behind: its connection goes back to the pool, tokio-postgres
+//!   discarding the answers still owed and rolling back a snapshot's transaction. A dropped `connect` leaves at most the schema created.
+//!
 //! The tables, the function and the schema's version are in `docs/FORMAT.md`; the store
 //! creates them on first use, in a schema of its own.
 //!
