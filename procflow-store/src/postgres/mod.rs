@@ -95,6 +95,10 @@ impl PgConfig {
     /// names, a libpq connection string (`"host=127.0.0.1 port=5432 user=app dbname=app"`
     /// or `"postgresql://app@127.0.0.1/app"`). Requests time out after 5 s; `load` reads
     /// 1,000 rows per request.
+    ///
+    /// The schema's name is used in SQL as it is, so it must need no quoting: 1 to 63
+    /// lowercase ASCII letters, digits and `_`, not starting with a digit.
+    /// [`PgStore::connect`] refuses any other, saying so.
     pub fn new(connection: impl Into<String>, schema: impl Into<String>) -> Self {
         Self {
             connection: connection.into(),
