@@ -107,7 +107,7 @@ async fn apply(shared: &Shared, connection: &mut Link, plan: &Plan) -> Result<()
     }
 }
 
-/// The committer's connection, with its server process's id; and the process of the last
+/// The committer's connection and its server process; and the process of the last
 /// connection it gave up on with a statement's outcome unknown.
 ///
 /// A statement whose answer never came may still be on its way (in a socket buffer, a
@@ -117,13 +117,26 @@ async fn apply(shared: &Shared, connection: &mut Link, plan: &Plan) -> Result<()
 /// did is then final, and nothing of it can apply late.
 #[derive(Default)]
 struct Link {
-    connection: Option<(Object, i32)>,
-    abandoned: Option<i32>,
+    connection: Option<(Object, Backend)>,
+    abandoned: Option<Backend>,
 }
 
-/// Ends server process `$1`, waiting up to `$2` ms; true once it is gone.
-const TERMINATE: &str = "SELECT pg_terminate_backend($1, $2) \
-     OR NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)";
+/// A server process, known by its pid and its start: after a server restart another
+/// process may have the pid.
+#[derive(Debug)]
+struct Backend {
+    pid: i32,
+    started: String,
+}
+
+/// This connection's server process.
+const BACKEND: &str = "SELECT pid, backend_start::text FROM pg_stat_activity \
+     WHERE pid = pg_backend_pid()";
+
+/// Ends server process `$1` started at `$2`, waiting up to `$3` ms; true once it is gone
+/// (also if it was gone before).
+const TERMINATE: &str = "SELECT coalesce(bool_and(pg_terminate_backend(pid, $3)), true) \
+     FROM pg_stat_activity WHERE pid = $1 AND backend_start::text = $2";
 
 impl Link {
     /// The connection, opened if needed; a new one only once the abandoned process has
@@ -135,39 +148,46 @@ impl Link {
         if self.connection.is_none() {
             let context = "connecting to PostgreSQL";
             let object = shared.connect(context).await?;
-            let pid = shared
+            let backend = shared
                 .timed(context, async {
-                    Ok(object
-                        .query_one("SELECT pg_backend_pid()", &[])
-                        .await?
-                        .get(0))
+                    let row = object.query_one(BACKEND, &[]).await?;
+                    Ok(Backend {
+                        pid: row.get(0),
+                        started: row.get(1),
+                    })
                 })
                 .await?;
-            if let Some(old) = self.abandoned {
+            if let Some(old) = &self.abandoned {
                 end_process(shared, &object, old).await?;
                 self.abandoned = None;
             }
-            self.connection = Some((object, pid));
+            self.connection = Some((object, backend));
         }
         Ok(&self.connection.as_ref().expect("connected above").0)
     }
 
     /// Drops the connection; its process is to be ended before the next is used.
     fn abandon(&mut self) {
-        if let Some((object, pid)) = self.connection.take() {
+        if let Some((object, backend)) = self.connection.take() {
             drop(Object::take(object));
-            self.abandoned = Some(pid);
+            self.abandoned = Some(backend);
         }
     }
 }
 
-/// Ends server process `pid` through `client`, or fails if it is still there.
-async fn end_process(shared: &Shared, client: &Object, pid: i32) -> Result<(), StoreError> {
+/// Ends `backend` through `client`, or fails if it is still there.
+async fn end_process(
+    shared: &Shared,
+    client: &Object,
+    backend: &Backend,
+) -> Result<(), StoreError> {
     let context = "ending the server process of a connection given up on";
-    let wait_ms = i64::try_from(shared.timeout.as_millis()).unwrap_or(i64::MAX);
+    // Half the deadline: the request itself must answer within it.
+    let wait_ms = i64::try_from(shared.timeout.as_millis() / 2).unwrap_or(i64::MAX);
+    let params: [&(dyn ToSql + Sync); 3] = [&backend.pid, &backend.started, &wait_ms];
     let gone: bool = shared
         .timed(context, async {
-            Ok(client.query_one(TERMINATE, &[&pid, &wait_ms]).await?.get(0))
+            Ok(client.query_one(TERMINATE, &params).await?.get(0))
         })
         .await?;
     if gone {
@@ -176,8 +196,8 @@ async fn end_process(shared: &Shared, client: &Object, pid: i32) -> Result<(), S
         Err(shared.io(
             context,
             std::io::Error::other(format!(
-                "server process {pid} did not end within {:?}",
-                shared.timeout
+                "server process {} did not end within {wait_ms} ms",
+                backend.pid
             )),
         ))
     }
