@@ -150,23 +150,43 @@ impl PgConfig {
     ///
     /// [`StoreError::Io`] if the connection string does not parse, or no server answers.
     pub async fn connect(&self) -> Result<tokio_postgres::Client, StoreError> {
+        self.connect_with(|_| {}).await
+    }
+
+    /// [`connect`](Self::connect), handing every notification the connection receives
+    /// (after a `LISTEN` on it) to `notified`, on the connection's task.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect).
+    pub async fn connect_with(
+        &self,
+        mut notified: impl FnMut(tokio_postgres::Notification) + Send + 'static,
+    ) -> Result<tokio_postgres::Client, StoreError> {
         let location = self.location();
         let config = self.parsed(&location)?;
         let connect = config.connect(tokio_postgres::NoTls);
-        let (client, connection) = match tokio::time::timeout(self.request_timeout, connect).await {
-            Ok(Ok(pair)) => pair,
-            Ok(Err(error)) => {
-                return Err(StoreError::io(
-                    "connecting to PostgreSQL",
-                    location,
-                    std::io::Error::other(error),
-                ));
-            }
-            Err(_) => return Err(timed_out("connecting to PostgreSQL", location, self)),
-        };
+        let (client, mut connection) =
+            match tokio::time::timeout(self.request_timeout, connect).await {
+                Ok(Ok(pair)) => pair,
+                Ok(Err(error)) => {
+                    return Err(StoreError::io(
+                        "connecting to PostgreSQL",
+                        location,
+                        std::io::Error::other(error),
+                    ));
+                }
+                Err(_) => return Err(timed_out("connecting to PostgreSQL", location, self)),
+            };
         tokio::spawn(async move {
             // Ends when the client is dropped or the server goes; requests then fail.
-            let _ = connection.await;
+            while let Some(Ok(message)) =
+                std::future::poll_fn(|cx| connection.poll_message(cx)).await
+            {
+                if let tokio_postgres::AsyncMessage::Notification(notification) = message {
+                    notified(notification);
+                }
+            }
         });
         Ok(client)
     }

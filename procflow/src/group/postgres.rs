@@ -8,16 +8,17 @@
 //! ends its term (makes [`lost`](Election::lost) resolve) when two thirds of the TTL
 //! have passed since the send of its last acknowledged renewal (or of its campaign,
 //! before the first): the lease, set or renewed no earlier than that send, cannot have
-//! expired yet. Standbys read how long the lease has left and try again when it ends.
+//! expired yet. Standbys read how long the lease has left and try again when it ends, or
+//! at once when a leader resigns (it `NOTIFY`s them; they `LISTEN`).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use procflow_store::BoxFuture;
 use procflow_store::postgres::PgConfig;
 use procflow_store::postgres::tokio_postgres::{self, Client};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
 use super::election::{Election, ElectionError, Term, term_over};
@@ -33,7 +34,8 @@ use super::election::{Election, ElectionError, Term, term_over};
 /// the send of its last acknowledged renewal (or of its campaign, before the first): the
 /// lease cannot have expired yet. A renewal that finds another term deposes it at once.
 /// Standbys read how long the lease has left and try again as it ends; a resigned lease
-/// ends at once.
+/// ends at once, and a resignation wakes them (`NOTIFY` / `LISTEN` on channel
+/// `procflow_leader`, the schema as payload).
 ///
 /// The row is created with the store's schema: connect a
 /// [`PgStore`](procflow_store::postgres::PgStore) to the schema before campaigning.
@@ -79,6 +81,10 @@ pub struct PgElection {
     sql: Statements,
     /// The campaign's connection; opened again when it breaks.
     client: tokio::sync::Mutex<Option<Client>>,
+    /// A connection listening for resignations, which wake `resigned`; opened again when
+    /// it breaks. Without it standbys still look every quarter TTL.
+    listener: tokio::sync::Mutex<Option<Client>>,
+    resigned: Arc<Notify>,
     terms: Mutex<HashMap<u64, Held>>,
 }
 
@@ -96,13 +102,16 @@ struct Statements {
     take: String,
     /// `$1` term, `$2` TTL in ms: the term, if it is still the row's.
     renew: String,
-    /// `$1` term.
+    /// `$1` term, `$2` the schema: ends the term's lease now and notifies the standbys.
     resign: String,
     /// The lease's time left in ms (0 once expired).
     remaining: String,
     /// The holder, while its lease runs.
     holder: String,
 }
+
+/// The channel a resignation is announced on (`NOTIFY`), with the schema as payload.
+const CHANNEL: &str = "procflow_leader";
 
 impl Statements {
     fn new(table: &str) -> Self {
@@ -116,8 +125,9 @@ impl Statements {
                 "UPDATE {table} SET expires_at = {ttl} WHERE id = 1 AND term = $1 RETURNING term"
             ),
             resign: format!(
-                "UPDATE {table} SET holder = NULL, expires_at = '-infinity' \
-                 WHERE id = 1 AND term = $1"
+                "WITH ended AS (UPDATE {table} SET holder = NULL, expires_at = '-infinity' \
+                 WHERE id = 1 AND term = $1 RETURNING term) \
+                 SELECT pg_notify('{CHANNEL}', $2) FROM ended"
             ),
             remaining: format!(
                 "SELECT greatest(0, extract(epoch FROM expires_at - clock_timestamp()) * 1000)\
@@ -144,6 +154,8 @@ impl PgElection {
             request_timeout: (ttl / 3).min(Duration::from_secs(2)),
             ttl,
             client: tokio::sync::Mutex::new(None),
+            listener: tokio::sync::Mutex::new(None),
+            resigned: Arc::new(Notify::new()),
             terms: Mutex::new(HashMap::new()),
         }
     }
@@ -201,6 +213,8 @@ impl PgElection {
     /// One attempt: `Ok(Some(term))` if this candidate now leads, `Ok(None)` after
     /// waiting for the current lease to end (try again).
     async fn try_once(&self) -> Result<Option<Term>, ElectionError> {
+        // Listening before the attempt: a resignation after it wakes the wait below.
+        self.listen().await;
         // The lease's clock may start as soon as the request is sent: so does the term's.
         let sent = Instant::now();
         let (take, ttl, address) = (&self.sql.take, self.ttl_ms(), &self.address);
@@ -230,18 +244,54 @@ impl PgElection {
                 client.query_one(remaining, &[]).await.map(|row| row.get(0))
             })
             .await?;
-        // Wake as the lease ends, or a quarter TTL from now to notice a resignation.
+        // Wake as the lease ends, at a resignation, or a quarter TTL from now (in case
+        // the notification was lost with a connection).
         let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
         let pause = (left + Duration::from_millis(5)).min(self.ttl / 4);
-        tokio::time::sleep(pause).await;
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = self.resigned.notified() => {}
+        }
         Ok(None)
+    }
+
+    /// Listens for resignations, if not already: best effort, the campaign looks every
+    /// quarter TTL regardless.
+    async fn listen(&self) {
+        let mut slot = self.listener.lock().await;
+        if slot.as_ref().is_some_and(|client| !client.is_closed()) {
+            return;
+        }
+        let (resigned, schema) = (Arc::clone(&self.resigned), self.config.schema().to_owned());
+        let listening = async {
+            let client = self
+                .config
+                .connect_with(move |notification| {
+                    if notification.payload() == schema {
+                        // A permit is kept if no campaign waits yet.
+                        resigned.notify_one();
+                    }
+                })
+                .await
+                .ok()?;
+            client
+                .batch_execute(&format!("LISTEN {CHANNEL}"))
+                .await
+                .ok()?;
+            Some(client)
+        };
+        *slot = tokio::time::timeout(self.request_timeout, listening)
+            .await
+            .ok()
+            .flatten();
     }
 
     /// Ends term `token` in the row, if it is still the row's.
     async fn give_up(&self, token: u64) -> Result<(), ElectionError> {
         let (resign, term) = (&self.sql.resign, i64::try_from(token).unwrap_or(i64::MAX));
+        let schema = self.config.schema();
         self.call("resigning", async |client| {
-            client.execute(resign, &[&term]).await
+            client.execute(resign, &[&term, &schema]).await
         })
         .await
         .map(drop)
