@@ -1,5 +1,5 @@
 //! Group commit: batches committed while a transaction is in flight wait in a queue, and
-//! the next transaction carries as many of them as [`Plan::try_add`] lets in, so one
+//! the next transaction carries as many of them as [`Group::try_add`] lets in, so one
 //! round trip and one PostgreSQL commit (one WAL flush) persist many procedures' steps.
 //! Each transaction is one call of `apply` on the committer's own connection.
 
@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::types::ToSql;
 
 use super::Shared;
-use super::plan::{MetaWrite, Plan, Prepared, RecordWrite};
+use super::plan::{Group, MetaWrite, Plan, Prepared, RecordWrite};
 use super::schema;
 use crate::error::StoreError;
 
@@ -32,31 +32,33 @@ pub(crate) async fn run(shared: Arc<Shared>, mut queue: mpsc::UnboundedReceiver<
                 None => return,
             },
         };
-        let mut plan = Plan::of(&first.batch);
+        let mut keys = Group::of(&first.batch);
         let mut group = vec![first];
         while let Ok(next) = queue.try_recv() {
-            if plan.try_add(&next.batch) {
+            if keys.try_add(&next.batch) {
                 group.push(next);
             } else {
                 carried = Some(next);
                 break;
             }
         }
-        commit_group(&shared, &mut connection, &plan, group).await;
+        commit_group(&shared, &mut connection, group).await;
     }
 }
 
 /// Commits `group` as `plan`, one transaction; if a check failed for a group of several,
 /// commits each on its own to find out whose it was.
-async fn commit_group(shared: &Shared, connection: &mut Link, plan: &Plan, group: Vec<Pending>) {
-    let result = apply(shared, connection, plan).await;
+async fn commit_group(shared: &Shared, connection: &mut Link, group: Vec<Pending>) {
+    let plan = Plan::of(group.iter().map(|pending| &pending.batch));
+    let result = apply(shared, connection, &plan).await;
     let refused_check = matches!(
         result,
         Err(StoreError::UnknownProcedure(_) | StoreError::MetaExists { .. })
     );
     if group.len() > 1 && refused_check {
         for pending in group {
-            let result = apply(shared, connection, &Plan::of(&pending.batch)).await;
+            let alone = Plan::of([&pending.batch]);
+            let result = apply(shared, connection, &alone).await;
             // The committing future may have been dropped: its batch is in, or not.
             let _ = pending.reply.send(result);
         }
@@ -71,7 +73,7 @@ async fn commit_group(shared: &Shared, connection: &mut Link, plan: &Plan, group
 
 /// One transaction of `plan`. A connection whose request timed out or broke is dropped,
 /// not reused: what it still carries may yet apply.
-async fn apply(shared: &Shared, connection: &mut Link, plan: &Plan) -> Result<(), StoreError> {
+async fn apply(shared: &Shared, connection: &mut Link, plan: &Plan<'_>) -> Result<(), StoreError> {
     let context = "committing a transaction (it may or may not have applied)";
     // Nothing is sent if this fails: a definite failure, reported as the others are, an
     // I/O error.
@@ -208,7 +210,7 @@ async fn end_process(
 async fn send(
     shared: &Shared,
     client: &Object,
-    plan: &Plan,
+    plan: &Plan<'_>,
 ) -> Result<Option<i64>, tokio_postgres::Error> {
     if let Some((
         id,
@@ -270,11 +272,11 @@ struct Params<'a> {
 }
 
 impl<'a> Params<'a> {
-    fn of(plan: &'a Plan) -> Self {
+    fn of(plan: &Plan<'a>) -> Self {
         let mut params = Params {
             fence: plan.token,
             must_exist: plan.must_exist.iter().copied().collect(),
-            create_keys: plan.must_be_absent.iter().map(String::as_str).collect(),
+            create_keys: plan.must_be_absent.iter().copied().collect(),
             ..Params::default()
         };
         for (&id, write) in &plan.records {

@@ -5,7 +5,8 @@
 //! batch did not write is done in place (`finished` and `value` set, the stored parent
 //! kept), after a check that the record exists: no read before the commit. Concurrent
 //! batches then join one transaction while it stays within a size cap and none of them
-//! checks a key an earlier one writes ([`Plan::try_add`]), as on etcd.
+//! checks a key an earlier one writes ([`Group::try_add`]), as on etcd; their writes are
+//! merged, borrowed, as it is sent ([`Plan::of`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -133,76 +134,92 @@ impl Prepared {
     }
 }
 
-/// The transaction being built: the batches' writes merged key by key, the last one
-/// winning, as if they ran one after another.
+/// Which batches may share one transaction: the keys the batches let in so far write.
+/// Only keys are kept; the writes themselves are merged, without a copy, when the
+/// transaction is sent ([`Plan::of`]).
 #[derive(Debug, Default)]
-pub(crate) struct Plan {
-    pub(crate) token: Option<i64>,
-    pub(crate) records: BTreeMap<i64, RecordWrite>,
-    pub(crate) meta: BTreeMap<String, MetaWrite>,
-    pub(crate) must_exist: BTreeSet<i64>,
-    pub(crate) must_be_absent: BTreeSet<String>,
+pub(crate) struct Group {
+    token: Option<i64>,
+    records: BTreeSet<i64>,
+    meta: BTreeSet<String>,
     bytes: usize,
 }
 
-impl Plan {
-    /// A plan of `first` alone.
+impl Group {
+    /// A group of `first` alone.
     pub(crate) fn of(first: &Prepared) -> Self {
-        let mut plan = Plan {
+        let mut group = Group {
             token: first.token,
-            ..Plan::default()
+            ..Group::default()
         };
-        plan.merge(first);
-        plan
+        group.note(first);
+        group
     }
 
-    /// Adds `batch` if the group stays within its cap and means the same as committing
+    /// Lets `batch` in if the group stays within its cap and means the same as committing
     /// the batches one by one: the same owner's, and no check of it decided by an earlier
-    /// batch's write. Otherwise leaves the plan as it was.
+    /// batch's write. Otherwise leaves the group as it was.
     pub(crate) fn try_add(&mut self, batch: &Prepared) -> bool {
-        let decided = batch
-            .must_exist
-            .iter()
-            .any(|id| self.records.contains_key(id))
-            || batch
-                .must_be_absent
-                .iter()
-                .any(|k| self.meta.contains_key(k));
+        let decided = batch.must_exist.iter().any(|id| self.records.contains(id))
+            || batch.must_be_absent.iter().any(|k| self.meta.contains(k));
         let fits = self.records.len() + self.meta.len() + batch.records.len() + batch.meta.len()
             <= GROUP_KEYS
             && self.bytes + batch.bytes <= GROUP_BYTES;
         if batch.token != self.token || decided || !fits {
             return false;
         }
-        self.merge(batch);
+        self.note(batch);
         true
+    }
+
+    fn note(&mut self, batch: &Prepared) {
+        self.records.extend(batch.records.keys().copied());
+        self.meta.extend(batch.meta.keys().cloned());
+        self.bytes += batch.bytes;
+    }
+}
+
+/// One transaction: the writes of a group's batches merged key by key, the last one
+/// winning, as if they ran one after another; borrowed from the batches.
+#[derive(Debug, Default)]
+pub(crate) struct Plan<'a> {
+    pub(crate) token: Option<i64>,
+    pub(crate) records: BTreeMap<i64, &'a RecordWrite>,
+    pub(crate) meta: BTreeMap<&'a str, &'a MetaWrite>,
+    pub(crate) must_exist: BTreeSet<i64>,
+    pub(crate) must_be_absent: BTreeSet<&'a str>,
+}
+
+impl<'a> Plan<'a> {
+    /// The plan of `batches`, in order (a [`Group`]'s: one owner's, none checking what an
+    /// earlier one writes).
+    pub(crate) fn of(batches: impl IntoIterator<Item = &'a Prepared>) -> Self {
+        let mut plan = Plan::default();
+        for batch in batches {
+            plan.token = batch.token;
+            plan.records
+                .extend(batch.records.iter().map(|(id, w)| (*id, w)));
+            plan.meta
+                .extend(batch.meta.iter().map(|(k, w)| (k.as_str(), w)));
+            plan.must_exist.extend(batch.must_exist.iter().copied());
+            plan.must_be_absent
+                .extend(batch.must_be_absent.iter().map(String::as_str));
+        }
+        plan
     }
 
     /// The one record this plan writes, if it writes one record, with a whole row, and
     /// nothing else: a procedure's step.
-    pub(crate) fn single_put(&self) -> Option<(i64, &RecordWrite)> {
+    pub(crate) fn single_put(&self) -> Option<(i64, &'a RecordWrite)> {
         let checks = self.must_exist.len() + self.must_be_absent.len() + self.meta.len();
         match self.records.iter().next() {
             Some((&id, write @ RecordWrite::Put { .. }))
                 if self.records.len() == 1 && checks == 0 =>
             {
-                Some((id, write))
+                Some((id, *write))
             }
             _ => None,
         }
-    }
-
-    fn merge(&mut self, batch: &Prepared) {
-        for (id, write) in &batch.records {
-            self.records.insert(*id, write.clone());
-        }
-        for (key, write) in &batch.meta {
-            self.meta.insert(key.clone(), write.clone());
-        }
-        self.must_exist.extend(batch.must_exist.iter().copied());
-        self.must_be_absent
-            .extend(batch.must_be_absent.iter().cloned());
-        self.bytes += batch.bytes;
     }
 }
 
@@ -245,15 +262,18 @@ mod tests {
 
     #[test]
     fn a_batch_whose_check_an_earlier_write_decides_waits_for_the_next_transaction() {
-        let mut plan = Plan::of(&prepared(Batch::new().put(1, None, vec![])));
-        assert!(!plan.try_add(&prepared(Batch::new().finish(1, vec![]))));
-        assert!(plan.try_add(&prepared(Batch::new().finish(2, vec![]))));
-        assert!(!plan.try_add(&prepared(
-            Batch::new().put(5, None, vec![]).with_fencing_token(3)
-        )));
-        let mut plan = Plan::of(&prepared(Batch::new().put_meta("req/a", vec![])));
-        assert!(!plan.try_add(&prepared(Batch::new().create_meta("req/a", vec![]))));
-        assert!(plan.try_add(&prepared(Batch::new().create_meta("req/b", vec![]))));
-        assert_eq!(plan.must_be_absent, BTreeSet::from(["req/b".to_owned()]));
+        let mut group = Group::of(&prepared(Batch::new().put(1, None, vec![])));
+        assert!(!group.try_add(&prepared(Batch::new().finish(1, vec![]))));
+        assert!(group.try_add(&prepared(Batch::new().finish(2, vec![]))));
+        let fenced = prepared(Batch::new().put(5, None, vec![]).with_fencing_token(3));
+        assert!(!group.try_add(&fenced));
+        let first = prepared(Batch::new().put_meta("req/a", vec![]));
+        let mut group = Group::of(&first);
+        assert!(!group.try_add(&prepared(Batch::new().create_meta("req/a", vec![]))));
+        let second = prepared(Batch::new().create_meta("req/b", vec![]));
+        assert!(group.try_add(&second));
+        let plan = Plan::of([&first, &second]);
+        assert_eq!(plan.must_be_absent, BTreeSet::from(["req/b"]));
+        assert_eq!(plan.meta.len(), 2);
     }
 }
