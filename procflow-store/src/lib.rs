@@ -55,6 +55,8 @@ mod local_port;
 mod mem;
 #[cfg(all(feature = "postgres", unix))]
 pub mod postgres;
+#[cfg(any(feature = "etcd", all(feature = "postgres", unix)))]
+mod server_log;
 mod state;
 mod store;
 mod wal;

@@ -297,17 +297,8 @@ impl LocalCluster {
     }
 
     fn log_tail(&self, i: usize) -> String {
-        let path = self
-            .dir
-            .path()
-            .join(format!("{}.log", self.members[i].name));
-        let log = std::fs::read_to_string(&path).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(5).collect();
-        format!(
-            "its log ({}) ends: {}",
-            path.display(),
-            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-        )
+        let name = &self.members[i].name;
+        crate::server_log::log_tail(&self.dir.path().join(format!("{name}.log")))
     }
 
     /// The directory holding the members' data and logs.

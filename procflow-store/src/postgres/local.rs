@@ -251,14 +251,7 @@ impl LocalPostgres {
     }
 
     fn log_tail(&self) -> String {
-        let path = self.dir.path().join("server.log");
-        let log = std::fs::read_to_string(&path).unwrap_or_default();
-        let tail: Vec<&str> = log.lines().rev().take(5).collect();
-        format!(
-            "its log ({}) ends: {}",
-            path.display(),
-            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
-        )
+        crate::server_log::log_tail(&self.dir.path().join("server.log"))
     }
 }
 
