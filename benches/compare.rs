@@ -28,7 +28,10 @@
 //! durable WAL, or the executor on `MemStore`; `hand:256` is the hand loop persisting to
 //! a `MemStore` (workload 4's second baseline); `raw:1` is the raw write+fdatasync loop
 //! with records of a step's size. `-- --cell single:R` runs workload 1 alone, interleaved
-//! in R rounds over the cell's time. `-- --cell durable:1024` measures `wal1024_vs_mem`
+//! in R rounds over the cell's time; `-- --cell gap:G` runs the raw loop into
+//! preallocated space against the same loop kept busy for G microseconds after each
+//! sync (what a pause between a sync and the next write costs: `compare/gap.rs`).
+//! `-- --cell durable:1024` measures `wal1024_vs_mem`
 //! alone, `-- --cell overhead:N` `mem_vs_loop` at N clients (the summary's is at 256),
 //! each with its two sides taking turns as in the full run. `-- --cell restart:N` builds workload 6's log of N
 //! procedures, then restarts on it five times (page cache warm), each in a fresh process;
@@ -68,6 +71,8 @@ mod drive;
 #[cfg(feature = "etcd")]
 #[path = "compare/etcd.rs"]
 mod etcd;
+#[path = "compare/gap.rs"]
+mod gap;
 #[cfg(any(feature = "etcd", feature = "postgres"))]
 #[path = "compare/group.rs"]
 mod group;
@@ -376,6 +381,20 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             );
             return;
         }
+        "gap" => {
+            // The count after the colon is the pause, in microseconds.
+            let pause = Duration::from_micros(clients);
+            let record = record_size(runtime, base);
+            let gap = gap::run(base, record, pause, plan.cell / 10, 10);
+            println!(
+                "gap:{clients}: raw loop into preallocated space {:.1} us per write; pausing {clients} us after each sync {:.1} us per write (+{:.1} us, {:.2}x the pause)",
+                gap.plain_us,
+                gap.pausing_us,
+                gap.pausing_us - gap.plain_us,
+                (gap.pausing_us - gap.plain_us) / pause.as_secs_f64().max(1e-9) / 1e6
+            );
+            return;
+        }
         "durable" => {
             // `wal1024_vs_mem` alone (the count after the colon is ignored).
             durability_cost(plan, runtime, base, &mut Summary::default());
@@ -392,7 +411,7 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             return;
         }
         other => panic!(
-            "unknown cell kind {other}: store, wal, mem, hand, raw, single, restart, durable or overhead"
+            "unknown cell kind {other}: store, wal, mem, hand, raw, single, gap, restart, durable or overhead"
         ),
     };
     println!("{cell}: {rate:.0}/s");

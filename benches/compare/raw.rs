@@ -28,6 +28,8 @@ pub struct RawLog {
     end: u64,
     /// Allocated ahead up to here (`fallocate`), if the log preallocates.
     reserved: Option<u64>,
+    /// Busy time after each `fdatasync` before the next write (see [`RawLog::pausing`]).
+    pause: Duration,
 }
 
 impl RawLog {
@@ -55,7 +57,22 @@ impl RawLog {
             record: vec![0xA5; size],
             end: 0,
             reserved,
+            pause: Duration::ZERO,
         }
+    }
+
+    /// A [`preallocated`](Self::preallocated) log kept busy for `pause` after each
+    /// `fdatasync` before it writes again, as an executor is while it runs the next
+    /// step: the `gap` cell measures what that time between a sync's return and the
+    /// next write costs on this disk.
+    pub fn preallocated_pausing(dir: &Path, size: usize, pause: Duration) -> Self {
+        let path = dir.join(format!(
+            "raw-{size}-preallocated-{}ns.log",
+            pause.as_nanos()
+        ));
+        let mut log = Self::open(path, size, Some(0));
+        log.pause = pause;
+        log
     }
 
     /// Writes records at the end, each followed by `fdatasync`, for `duration`; returns
@@ -73,10 +90,22 @@ impl RawLog {
                 .write_all_at(&self.record, self.end)
                 .expect("write");
             self.file.sync_data().expect("fdatasync");
+            busy_for(self.pause);
             self.end = end;
             writes += 1;
         }
         (writes, start.elapsed())
+    }
+}
+
+/// Spins for `pause` (nothing if zero): CPU time, not a sleep, as a step would spend it.
+fn busy_for(pause: Duration) {
+    if pause.is_zero() {
+        return;
+    }
+    let start = Instant::now();
+    while start.elapsed() < pause {
+        std::hint::spin_loop();
     }
 }
 

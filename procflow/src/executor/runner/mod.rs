@@ -541,10 +541,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// `.await`, as a crash would stop it); the caller rolls back, undoing this state too.
     /// An abort request never cancels a step: it is honoured when the step returns.
     async fn run_step(&mut self) -> Result<Option<DynProgress>, Exit> {
-        let permit = tokio::select! {
-            permit = self.inner.workers.acquire() => permit.map_err(|_| Exit)?,
-            () = self.inner.stopping() => return Err(Exit),
-        };
+        let permit = worker_permit(&self.inner).await?;
         // A wait that ended as the executor began to stop (a lock released by a task that
         // exited, a worker freed) must not start a step: `select!` picks among ready
         // branches at random, so the stop may have lost the race.
@@ -565,9 +562,13 @@ impl<E: Send + Sync + 'static> Runner<E> {
         let step = AssertUnwindSafe(self.procedure.step(&self.ctx))
             .catch_unwind()
             .instrument(span);
-        let outcome = tokio::select! {
-            outcome = step => Some(outcome),
-            () = deadline => None,
+        let outcome = match deadline {
+            // Without a deadline nothing can cancel the step: no timer to race it with.
+            None => Some(step.await),
+            Some(deadline) => tokio::select! {
+                outcome = step => Some(outcome),
+                () = deadline => None,
+            },
         };
         drop(permit);
         self.step_seconds.record(started.elapsed().as_secs_f64());
@@ -868,6 +869,21 @@ impl<E: Send + Sync + 'static> Runner<E> {
 
     fn publish(&self) {
         self.inner.publish(self.info());
+    }
+}
+
+/// A permit of the executor's workers (`Config::workers`), or `Exit` if the executor
+/// stops first. Taken at once when one is free: waiting for one and for the stop is a
+/// race of two futures, on every step's path. A free permit is no one else's: Tokio's
+/// semaphore hands released permits to its waiters first.
+async fn worker_permit<E>(inner: &Inner<E>) -> Result<tokio::sync::SemaphorePermit<'_>, Exit> {
+    match inner.workers.try_acquire() {
+        Ok(permit) => Ok(permit),
+        Err(tokio::sync::TryAcquireError::Closed) => Err(Exit),
+        Err(tokio::sync::TryAcquireError::NoPermits) => tokio::select! {
+            permit = inner.workers.acquire() => permit.map_err(|_| Exit),
+            () = inner.stopping() => Err(Exit),
+        },
     }
 }
 

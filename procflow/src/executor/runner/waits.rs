@@ -117,14 +117,19 @@ impl<E: Send + Sync + 'static> Runner<E> {
         settle_requests(&self.inner, self.id, settled);
     }
 
-    /// Resolves when the deadline passes, if the procedure has one that still applies.
-    pub(super) fn deadline_timer(&self) -> impl Future<Output = ()> + use<E> {
-        let left = self
-            .deadline_ms()
-            .map(|deadline| Duration::from_millis(deadline.saturating_sub(now_ms())));
+    /// A timer of the deadline, if the procedure has one that still applies.
+    pub(super) fn deadline_timer(&self) -> Option<tokio::time::Sleep> {
+        self.deadline_ms().map(|deadline| {
+            tokio::time::sleep(Duration::from_millis(deadline.saturating_sub(now_ms())))
+        })
+    }
+
+    /// Resolves when the deadline passes; never without one.
+    pub(super) fn deadline_passes(&self) -> impl Future<Output = ()> + use<E> {
+        let timer = self.deadline_timer();
         async move {
-            match left {
-                Some(left) => tokio::time::sleep(left).await,
+            match timer {
+                Some(timer) => timer.await,
                 None => std::future::pending().await,
             }
         }
@@ -148,7 +153,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             tokio::select! {
                 permit = &mut acquire => return Ok(permit.ok()),
                 () = self.wake.notified() => {}
-                () = self.deadline_timer() => {}
+                () = self.deadline_passes() => {}
                 () = self.inner.stopping() => return Err(Exit),
             }
         }
