@@ -260,6 +260,51 @@ async fn the_record_at_rest_has_the_history_and_the_path() {
     assert!(diagram.contains("class Done current"), "{diagram}");
 }
 
+/// A restart reads a dormant procedure without its history (`Envelope::decode_head`);
+/// woken after the restart, it reads its value whole again, and its record at rest
+/// still holds the steps from before the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_procedure_dormant_across_a_restart_keeps_its_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::default();
+    let executor = start(dir.path(), &log).await;
+    let id = executor.submit(Job::new("r")).await.unwrap();
+    until(&executor, id, suspended).await;
+    executor.shutdown().bounded().await.unwrap();
+
+    let executor = start(dir.path(), &log).await;
+    until(&executor, id, suspended).await;
+    log.let_go("r");
+    let woken = executor
+        .request(Request::new(Action::Wake("go-r".into()), "erin", ""))
+        .await
+        .unwrap();
+    assert_eq!(woken, Handled::Done { procedures: 1 });
+    assert_eq!(
+        executor.wait(id).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
+    executor.shutdown().bounded().await.unwrap();
+
+    let catalog = Catalog::from_loaded(&WalStore::read_only(dir.path()).unwrap());
+    let steps: Vec<(String, StepOutcome)> = catalog
+        .get(id)
+        .unwrap()
+        .history
+        .iter()
+        .map(|e| (e.state.clone(), e.outcome.clone()))
+        .collect();
+    let expected = [
+        ("Reserve", StepOutcome::Moved),
+        ("Wait", StepOutcome::Suspended("go-r".into())),
+        ("Wait", StepOutcome::Moved),
+        ("Commit", StepOutcome::Moved),
+        ("Done", StepOutcome::Ended),
+    ]
+    .map(|(state, outcome)| (state.to_owned(), outcome));
+    assert_eq!(steps, expected);
+}
+
 /// On etcd, any process may leave a request: the running executor reads it within
 /// `Config::request_poll` and carries it out, without a restart.
 #[cfg(feature = "etcd")]

@@ -514,6 +514,17 @@ fn must_decode_now<E>(
     !finished && (!records_locks(value) || !has_started(procedure, envelope))
 }
 
+/// How much of a stored envelope [`launch_stored`] reads.
+#[derive(Clone, Copy)]
+pub(crate) enum Read {
+    /// All of it: the procedure is about to run.
+    Whole,
+    /// At start: without its history and summary if it is finished or stays dormant
+    /// (neither is written again before it is read whole: a dormant procedure reads its
+    /// value again when roused).
+    AtStart,
+}
+
 /// Rebuilds the stored procedure `id` from its value, its data left encoded unless
 /// [`must_decode_now`] says otherwise. Called at start for every record, and again when
 /// a procedure parked as its stored value is roused (see `runner::dormant`).
@@ -528,9 +539,13 @@ pub(crate) fn launch_stored<E: Send + Sync + 'static>(
     ancestors: Vec<u64>,
     value: &Bytes,
     finished: bool,
+    read: Read,
 ) -> Result<Launch<E>, (String, String)> {
-    let (envelope, snapshot) =
-        Envelope::decode(value).map_err(|reason| ("?".to_owned(), reason))?;
+    let decode = match read {
+        Read::Whole => Envelope::decode,
+        Read::AtStart => Envelope::decode_head,
+    };
+    let (mut envelope, snapshot) = decode(value).map_err(|reason| ("?".to_owned(), reason))?;
     // The data stays encoded until the procedure runs (see `lazy`); the snapshot is the
     // value's tail, shared with the store.
     let snapshot = value.slice(value.len() - snapshot.len()..);
@@ -549,6 +564,15 @@ pub(crate) fn launch_stored<E: Send + Sync + 'static>(
     // it is not known whether the current state's handler ran before the crash.
     let acted = !matches!(envelope.wait, Wait::Children(_));
     let newer = newer_than_this_build(&envelope, procedure.as_ref()).map(Into::into);
+    if matches!(read, Read::AtStart)
+        && !finished
+        && !runner::parks_at_start(&envelope.wait, newer.is_some())
+    {
+        // It runs now: its next record carries its history, read whole.
+        envelope = Envelope::decode(value)
+            .map_err(|reason| (procedure.machine().to_owned(), reason))?
+            .0;
+    }
     Ok(Launch {
         newer,
         id,
@@ -590,6 +614,7 @@ fn rebuild<E: Send + Sync + 'static>(
         ancestors,
         &record.value,
         record.finished,
+        Read::AtStart,
     );
     match stored {
         Ok(launch) => Some(launch),

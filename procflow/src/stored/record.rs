@@ -106,8 +106,20 @@ pub(crate) struct BypassMark {
 }
 
 /// The runtime's part of a stored procedure.
+pub(crate) type Envelope = EnvelopeOf<History>;
+
+/// An envelope read without its history and summary ([`Envelope::decode_head`]).
+type EnvelopeHead = EnvelopeOf<Unread>;
+
+/// The history of an [`EnvelopeHead`]: not read. It reads no bytes, so the fields before
+/// the history are read and the rest of the body is left as it is.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub(crate) struct Unread;
+
+/// The runtime's part of a stored procedure, its history of type `H`: an [`Envelope`],
+/// or an [`EnvelopeHead`] whose history was not read.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Envelope {
+pub(crate) struct EnvelopeOf<H> {
     /// The format the record was read in (this build writes [`ENVELOPE_VERSION`]); a
     /// larger one is a record a newer build wrote. Not a field of the body: the version
     /// byte and the body's length come before it.
@@ -143,7 +155,7 @@ pub(crate) struct Envelope {
     /// The last field, and the one serialization leaves out: [`Envelope::encode`]
     /// appends it from the encoding the history keeps (see [`History::write_to`]).
     #[serde(serialize_with = "appended_by_encode")]
-    pub(crate) history: History,
+    pub(crate) history: H,
     // Version 4 from here: after the history, so written and read by hand.
     /// The procedure's own summary for operators (`describe`), as of this write.
     #[serde(skip)]
@@ -152,7 +164,7 @@ pub(crate) struct Envelope {
 
 /// Writes nothing (postcard writes no bytes for a unit): `encode_as_is` appends the
 /// history after the other fields.
-fn appended_by_encode<S: serde::Serializer>(_: &History, s: S) -> Result<S::Ok, S::Error> {
+fn appended_by_encode<H, S: serde::Serializer>(_: &H, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_unit()
 }
 
@@ -207,6 +219,46 @@ impl From<EnvelopeV2> for Envelope {
             holds_locks: None,
             history: v2.history,
             summary: None,
+        }
+    }
+}
+
+impl From<EnvelopeHead> for Envelope {
+    /// The envelope with an empty history and no summary.
+    fn from(head: EnvelopeHead) -> Self {
+        let EnvelopeOf {
+            version,
+            wait,
+            nonce,
+            submitted_ms,
+            finished_ms,
+            deadline_ms,
+            spawns,
+            updated_ms,
+            locks,
+            hold,
+            trouble,
+            bypass,
+            holds_locks,
+            history: Unread,
+            summary,
+        } = head;
+        Self {
+            version,
+            wait,
+            nonce,
+            submitted_ms,
+            finished_ms,
+            deadline_ms,
+            spawns,
+            updated_ms,
+            locks,
+            hold,
+            trouble,
+            bypass,
+            holds_locks,
+            history: History::default(),
+            summary,
         }
     }
 }
@@ -344,7 +396,6 @@ impl Envelope {
 
     /// Splits a stored value into its envelope and snapshot.
     pub(crate) fn decode(bytes: &[u8]) -> Result<(Self, &[u8]), String> {
-        let unreadable = |e: postcard::Error| format!("unreadable envelope: {e}");
         match bytes.first() {
             Some(1) => {
                 let (v1, snapshot) =
@@ -360,13 +411,10 @@ impl Envelope {
             // A sized envelope: this build's version, an older sized one, or a later one,
             // which appends to the fields this build knows.
             Some(&version) if version >= SIZED_SINCE => {
-                let (body, snapshot) = take_sized(&bytes[1..]).map_err(unreadable)?;
-                let (mut envelope, rest) =
-                    postcard::take_from_bytes::<Self>(body).map_err(unreadable)?;
+                let (mut envelope, rest, snapshot) = take_sized_envelope::<History>(bytes)?;
                 if version >= SUMMARY_SINCE {
                     envelope.summary = postcard::take_from_bytes(rest).map_err(unreadable)?.0;
                 }
-                envelope.version = version;
                 Ok((envelope, snapshot))
             }
             Some(version) => Err(format!(
@@ -375,6 +423,40 @@ impl Envelope {
             None => Err("empty record".to_owned()),
         }
     }
+}
+
+impl Envelope {
+    /// [`decode`](Self::decode) without the history and the summary (empty and `None`):
+    /// what a restart needs of a procedure that stays dormant, which decodes its stored
+    /// value again, whole, when it is roused. Reading a history entry by entry cost
+    /// about a fifth of the executor's start (docs/BENCHMARKS.md). An envelope of
+    /// version 1 or 2, unsized, is decoded whole.
+    pub(crate) fn decode_head(bytes: &[u8]) -> Result<(Self, &[u8]), String> {
+        match bytes.first() {
+            Some(&version) if version >= SIZED_SINCE => {
+                let (head, _history, snapshot) = take_sized_envelope::<Unread>(bytes)?;
+                Ok((head.into(), snapshot))
+            }
+            _ => Self::decode(bytes),
+        }
+    }
+}
+
+/// A sized envelope's fields up to its history, read as `H`: the envelope (its version
+/// set), the rest of its body (what follows the history field: the summary, or the
+/// history itself when it was not read) and the snapshot after the body.
+fn take_sized_envelope<'a, H: serde::de::DeserializeOwned>(
+    bytes: &'a [u8],
+) -> Result<(EnvelopeOf<H>, &'a [u8], &'a [u8]), String> {
+    let (body, snapshot) = take_sized(&bytes[1..]).map_err(unreadable)?;
+    let (mut envelope, rest) =
+        postcard::take_from_bytes::<EnvelopeOf<H>>(body).map_err(unreadable)?;
+    envelope.version = bytes[0];
+    Ok((envelope, rest, snapshot))
+}
+
+fn unreadable(e: postcard::Error) -> String {
+    format!("unreadable envelope: {e}")
 }
 
 /// Milliseconds since the Unix epoch, for the timestamps that must survive a restart.
@@ -407,6 +489,43 @@ mod tests {
         assert_eq!(back, envelope);
         assert_eq!(rest, b"snapshot");
         assert!(Envelope::decode(&bytes[..3]).is_err());
+    }
+
+    /// The head is the envelope but for its history and summary, and leaves the same
+    /// snapshot.
+    #[test]
+    fn the_head_is_the_envelope_without_history_or_summary() {
+        let locks = Locks::new([Lock::exclusive("ns/t1").unwrap()]);
+        let mut envelope = Envelope::new(Some("req-2".into()), Some(7), &locks);
+        envelope.note("Prepare", StepKind::Execute, StepOutcome::Moved, 8);
+        envelope.note(
+            "Wait",
+            StepKind::Execute,
+            StepOutcome::Suspended("go".into()),
+            8,
+        );
+        envelope.summary = Some("moving region 7".into());
+        envelope.wait = Wait::Event {
+            name: "go".into(),
+            until_ms: None,
+        };
+        let bytes = envelope
+            .encode(|mut out| {
+                out.extend_from_slice(b"snapshot");
+                Ok(out)
+            })
+            .unwrap();
+        let (head, rest) = Envelope::decode_head(&bytes).unwrap();
+        assert_eq!(rest, b"snapshot");
+        assert_eq!(head.history, History::default());
+        assert_eq!(head.summary, None);
+        let whole = Envelope {
+            history: History::default(),
+            summary: None,
+            ..envelope
+        };
+        assert_eq!(head, whole);
+        assert!(Envelope::decode_head(&bytes[..3]).is_err());
     }
 
     #[test]

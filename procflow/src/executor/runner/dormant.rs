@@ -19,7 +19,7 @@
 //! A dormant procedure keeps its for-life locks: the lock table holds them, not a task.
 
 use super::{Exit, Launch, Runner};
-use crate::executor::builder::launch_stored;
+use crate::executor::builder::{Read, launch_stored};
 use crate::executor::inner::{Entry, Inner, Parked, Sleeper};
 use crate::stored::record::now_ms;
 use procflow_store::Bytes;
@@ -266,7 +266,7 @@ impl<E: Send + Sync + 'static> Reload<E> {
             Some(lineage) => (Some(lineage.parent), lineage.ancestors),
             None => (None, Vec::new()),
         };
-        let loaded = launch_stored(&inner, id, parent, ancestors, &value, false);
+        let loaded = launch_stored(&inner, id, parent, ancestors, &value, false, Read::Whole);
         match loaded {
             Ok(mut launch) => {
                 launch.holding = holding;
@@ -274,8 +274,9 @@ impl<E: Send + Sync + 'static> Reload<E> {
                 let span = runner.span();
                 runner.run().instrument(span).await;
             }
-            // The same bytes decoded at start, so this is not expected; if it happens
-            // the procedure is reported, as one whose data no longer decodes is.
+            // The same bytes decoded at start but for the history (`Read::AtStart`), so
+            // this is not expected; if it happens the procedure is reported, as one
+            // whose data no longer decodes is.
             Err((machine, reason)) => {
                 tracing::error!(id, %machine, %reason, "a parked procedure's stored value no longer decodes; left in the store");
                 super::unloadable::give_up(&inner, id, parent, holding, &machine, reason);

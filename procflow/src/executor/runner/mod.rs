@@ -89,14 +89,15 @@ pub(crate) enum Resumed<E> {
 impl<E: Send + Sync + 'static> Resumed<E> {
     /// `launch`, just loaded from `value`, its entry in the table.
     pub(crate) fn new(inner: &Arc<Inner<E>>, launch: Launch<E>, value: Bytes) -> Self {
-        // A record a newer build wrote runs at once, to be reported stuck.
-        let suspended = match &launch.envelope.wait {
-            Wait::Event { until_ms, .. } if launch.newer.is_none() => Some(*until_ms),
-            _ => None,
-        };
-        let Some(until_ms) = suspended else {
-            let wake = signal_of(inner, launch.id);
-            return Self::Runnable(Box::new(launch), wake);
+        let wait = &launch.envelope.wait;
+        let until_ms = match wait {
+            Wait::Event { until_ms, .. } if parks_at_start(wait, launch.newer.is_some()) => {
+                *until_ms
+            }
+            _ => {
+                let wake = signal_of(inner, launch.id);
+                return Self::Runnable(Box::new(launch), wake);
+            }
         };
         let may_roll_back = waits::may_roll_back(launch.procedure.as_ref(), &launch.envelope);
         let deadline = launch.envelope.deadline_ms.filter(|_| may_roll_back);
@@ -123,6 +124,13 @@ impl<E: Send + Sync + 'static> Resumed<E> {
             Self::Runnable(launch, wake) => start(inner, *launch, wake),
         }
     }
+}
+
+/// Whether a procedure loaded at start parks at once (as its stored value) rather than
+/// getting a task: suspended on an event, unless a newer build wrote its record (it runs
+/// at once, to be reported stuck).
+pub(crate) fn parks_at_start(wait: &Wait, newer: bool) -> bool {
+    matches!(wait, Wait::Event { .. }) && !newer
 }
 
 /// Runs, in the calling task, a procedure whose table entry exists (a submit's task,
