@@ -4,10 +4,11 @@ mod common;
 
 use common::Bounded;
 use common::ops::{Job, JobState, Log, start, until};
+use procflow::ProcedureId;
 use procflow::executor::{
     Executor, ExecutorError, Handled, Outcome, Status, WriteKind, WritePoint,
 };
-use procflow::operator::{Action, Catalog, Request, StepKind, StepOutcome};
+use procflow::operator::{Action, Catalog, HistoryEntry, Request, StepKind, StepOutcome};
 use procflow::store::{Store, WalConfig, WalStore};
 use std::sync::Arc;
 use std::time::Duration;
@@ -214,16 +215,12 @@ async fn an_abort_past_the_point_of_no_return_is_refused_and_dropped() {
     executor.shutdown().bounded().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_record_at_rest_has_the_history_and_the_path() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = Log::default();
-    let executor = start(dir.path(), &log).await;
-    let id = executor.submit(Job::new("h")).await.unwrap();
-    until(&executor, id, suspended).await;
-    log.let_go("h");
+/// Lets job `name` (suspended as `id`) go on, wakes its event through an operator's
+/// request, waits for it to succeed and shuts the executor down.
+async fn wake_to_the_end(executor: Executor<Log>, log: &Log, name: &str, id: ProcedureId) {
+    log.let_go(name);
     let woken = executor
-        .request(Request::new(Action::Wake("go-h".into()), "dave", ""))
+        .request(Request::new(Action::Wake(format!("go-{name}")), "dave", ""))
         .await
         .unwrap();
     assert_eq!(woken, Handled::Done { procedures: 1 });
@@ -232,24 +229,42 @@ async fn the_record_at_rest_has_the_history_and_the_path() {
         Outcome::Succeeded
     );
     executor.shutdown().bounded().await.unwrap();
+}
+
+/// Each history entry's state and outcome.
+fn steps_of(history: &[HistoryEntry]) -> Vec<(String, StepOutcome)> {
+    history
+        .iter()
+        .map(|entry| (entry.state.clone(), entry.outcome.clone()))
+        .collect()
+}
+
+/// The history of job `name` suspended on its event, woken, and run to its end.
+fn a_woken_jobs_steps(name: &str) -> Vec<(String, StepOutcome)> {
+    [
+        ("Reserve", StepOutcome::Moved),
+        ("Wait", StepOutcome::Suspended(format!("go-{name}"))),
+        ("Wait", StepOutcome::Moved),
+        ("Commit", StepOutcome::Moved),
+        ("Done", StepOutcome::Ended),
+    ]
+    .into_iter()
+    .map(|(state, outcome)| (state.to_owned(), outcome))
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_record_at_rest_has_the_history_and_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = Log::default();
+    let executor = start(dir.path(), &log).await;
+    let id = executor.submit(Job::new("h")).await.unwrap();
+    until(&executor, id, suspended).await;
+    wake_to_the_end(executor, &log, "h", id).await;
 
     let catalog = Catalog::from_loaded(&WalStore::read_only(dir.path()).unwrap());
     let record = catalog.get(id).unwrap();
-    let steps: Vec<(&str, &StepOutcome)> = record
-        .history
-        .iter()
-        .map(|e| (e.state.as_str(), &e.outcome))
-        .collect();
-    assert_eq!(
-        steps,
-        [
-            ("Reserve", &StepOutcome::Moved),
-            ("Wait", &StepOutcome::Suspended("go-h".into())),
-            ("Wait", &StepOutcome::Moved),
-            ("Commit", &StepOutcome::Moved),
-            ("Done", &StepOutcome::Ended),
-        ]
-    );
+    assert_eq!(steps_of(&record.history), a_woken_jobs_steps("h"));
     assert!(record.submitted <= record.updated && record.finished.is_some());
     assert_eq!(record.visited, ["Reserve", "Wait", "Commit", "Done"]);
     let diagram = catalog.diagram(id).unwrap();
@@ -274,35 +289,11 @@ async fn a_procedure_dormant_across_a_restart_keeps_its_history() {
 
     let executor = start(dir.path(), &log).await;
     until(&executor, id, suspended).await;
-    log.let_go("r");
-    let woken = executor
-        .request(Request::new(Action::Wake("go-r".into()), "erin", ""))
-        .await
-        .unwrap();
-    assert_eq!(woken, Handled::Done { procedures: 1 });
-    assert_eq!(
-        executor.wait(id).bounded().await.unwrap(),
-        Outcome::Succeeded
-    );
-    executor.shutdown().bounded().await.unwrap();
+    wake_to_the_end(executor, &log, "r", id).await;
 
     let catalog = Catalog::from_loaded(&WalStore::read_only(dir.path()).unwrap());
-    let steps: Vec<(String, StepOutcome)> = catalog
-        .get(id)
-        .unwrap()
-        .history
-        .iter()
-        .map(|e| (e.state.clone(), e.outcome.clone()))
-        .collect();
-    let expected = [
-        ("Reserve", StepOutcome::Moved),
-        ("Wait", StepOutcome::Suspended("go-r".into())),
-        ("Wait", StepOutcome::Moved),
-        ("Commit", StepOutcome::Moved),
-        ("Done", StepOutcome::Ended),
-    ]
-    .map(|(state, outcome)| (state.to_owned(), outcome));
-    assert_eq!(steps, expected);
+    let history = &catalog.get(id).unwrap().history;
+    assert_eq!(steps_of(history), a_woken_jobs_steps("r"));
 }
 
 /// On etcd, any process may leave a request: the running executor reads it within

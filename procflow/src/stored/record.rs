@@ -411,11 +411,12 @@ impl Envelope {
             // A sized envelope: this build's version, an older sized one, or a later one,
             // which appends to the fields this build knows.
             Some(&version) if version >= SIZED_SINCE => {
-                let (mut envelope, rest, snapshot) = take_sized_envelope::<History>(bytes)?;
+                let mut parts = take_sized_envelope::<History>(bytes)?;
                 if version >= SUMMARY_SINCE {
-                    envelope.summary = postcard::take_from_bytes(rest).map_err(unreadable)?.0;
+                    parts.envelope.summary =
+                        postcard::take_from_bytes(parts.rest).map_err(unreadable)?.0;
                 }
-                Ok((envelope, snapshot))
+                Ok((parts.envelope, parts.snapshot))
             }
             Some(version) => Err(format!(
                 "envelope version {version} is not supported (this procflow reads 1 to {ENVELOPE_VERSION})"
@@ -434,25 +435,37 @@ impl Envelope {
     pub(crate) fn decode_head(bytes: &[u8]) -> Result<(Self, &[u8]), String> {
         match bytes.first() {
             Some(&version) if version >= SIZED_SINCE => {
-                let (head, _history, snapshot) = take_sized_envelope::<Unread>(bytes)?;
-                Ok((head.into(), snapshot))
+                let parts = take_sized_envelope::<Unread>(bytes)?;
+                Ok((parts.envelope.into(), parts.snapshot))
             }
             _ => Self::decode(bytes),
         }
     }
 }
 
-/// A sized envelope's fields up to its history, read as `H`: the envelope (its version
-/// set), the rest of its body (what follows the history field: the summary, or the
-/// history itself when it was not read) and the snapshot after the body.
-fn take_sized_envelope<'a, H: serde::de::DeserializeOwned>(
-    bytes: &'a [u8],
-) -> Result<(EnvelopeOf<H>, &'a [u8], &'a [u8]), String> {
+/// A sized envelope read up to its history ([`take_sized_envelope`]).
+struct SizedParts<'a, H> {
+    /// Its fields, the history read as `H`, the version set.
+    envelope: EnvelopeOf<H>,
+    /// What follows in the body: the summary, or the history itself when it was not read.
+    rest: &'a [u8],
+    /// The snapshot after the body.
+    snapshot: &'a [u8],
+}
+
+/// Reads a sized envelope's fields up to its history, read as `H`.
+fn take_sized_envelope<H: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+) -> Result<SizedParts<'_, H>, String> {
     let (body, snapshot) = take_sized(&bytes[1..]).map_err(unreadable)?;
     let (mut envelope, rest) =
         postcard::take_from_bytes::<EnvelopeOf<H>>(body).map_err(unreadable)?;
     envelope.version = bytes[0];
-    Ok((envelope, rest, snapshot))
+    Ok(SizedParts {
+        envelope,
+        rest,
+        snapshot,
+    })
 }
 
 fn unreadable(e: postcard::Error) -> String {
