@@ -3,8 +3,8 @@
 //!
 //! One procedure cannot write its next step before the last is durable and the step has
 //! run: the executor's work sits between one `fdatasync`'s return and the next write. On
-//! this project's VM a pause of a few microseconds there costs the raw loop about twice
-//! its length per write (docs/BENCHMARKS.md), so this cell tells how much of
+//! this project's VM a pause of a few microseconds there costs the raw loop once to
+//! twice its length per write (docs/BENCHMARKS.md), so this cell tells how much of
 //! `single_vs_prealloc`'s gap is the disk's answer to any pause at all.
 
 use crate::raw::RawLog;

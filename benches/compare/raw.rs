@@ -28,7 +28,7 @@ pub struct RawLog {
     end: u64,
     /// Allocated ahead up to here (`fallocate`), if the log preallocates.
     reserved: Option<u64>,
-    /// Busy time after each `fdatasync` before the next write (see [`RawLog::pausing`]).
+    /// Busy time after each `fdatasync` before the next write (see [`RawLog::preallocated_pausing`]).
     pause: Duration,
 }
 
