@@ -484,7 +484,7 @@ fn replay(
     // The segment before this one: its bytes, and the ids it put.
     let mut previous: Option<(Bytes, Vec<ProcId>)> = None;
     // Each segment is mapped while the one before is decoded (the first before the loop):
-    // mapping asks the kernel to read the file ahead, so the disk reads it meanwhile.
+    // mapping has a thread read the file ahead (`FsBackend`), so the disk reads it meanwhile.
     // `None` where the backend cannot map: the segment is read when its turn comes.
     let map_ahead = |at: usize| match numbers.get(at).filter(|_| map) {
         Some(&number) => map_segment(backend, &segment::path(dir, number)),
