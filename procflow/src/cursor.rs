@@ -299,11 +299,19 @@ pub(crate) struct Repr<'a> {
     pub(crate) state: Cow<'a, str>,
     pub(crate) steps: u64,
     #[serde(borrow)]
-    pub(crate) completed: Vec<Cow<'a, str>>,
+    pub(crate) completed: Vec<Name<'a>>,
     #[serde(borrow)]
-    pub(crate) entries: Vec<(Cow<'a, str>, u32)>,
+    pub(crate) entries: Vec<(Name<'a>, u32)>,
     pub(crate) phase: Phase,
 }
+
+/// A state's name in a [`Repr`]'s lists, borrowed from the bytes it is read from where
+/// they allow it. Serde borrows a `Cow<str>` only as a field of its own, never inside a
+/// `Vec`: as list elements, every name was a new `String`, a fifth of a restart's
+/// decoding of cursors (issue 33). A newtype is written as its content: the bytes are
+/// the same.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct Name<'a>(#[serde(borrow)] pub(crate) Cow<'a, str>);
 
 /// Written field by field as a `Repr` would be, without building one: the cursor is
 /// encoded on every step, and a `Repr` costs two vectors to allocate and drop each time.
@@ -347,11 +355,11 @@ impl<M: StateMachine> Cursor<M> {
         Ok(Self {
             state: state(&repr.state)?,
             steps: repr.steps,
-            completed: Self::with_room(repr.completed.iter().map(|n| state(n)))?,
+            completed: Self::with_room(repr.completed.iter().map(|n| state(&n.0)))?,
             entries: Self::with_room(
                 repr.entries
                     .iter()
-                    .map(|(n, count)| Ok((state(n)?, *count))),
+                    .map(|(n, count)| Ok((state(&n.0)?, *count))),
             )?,
             phase: repr.phase.clone(),
         })
@@ -367,5 +375,48 @@ impl<'de, M: StateMachine> Deserialize<'de> for Cursor<M> {
                 M::NAME
             ))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A [`Repr`] read from bytes borrows the names in its lists, and the newtype around
+    /// them leaves the bytes as plain strings write them.
+    #[test]
+    fn a_repr_read_from_bytes_borrows_its_names() {
+        let name = |n: &'static str| Name(Cow::Borrowed(n));
+        let repr = Repr {
+            state: Cow::Borrowed("Third"),
+            steps: 3,
+            completed: vec![name("First")],
+            entries: vec![(name("First"), 1), (name("Second"), 2)],
+            phase: Phase::Running,
+        };
+        let bytes = postcard::to_stdvec(&repr).unwrap();
+
+        #[derive(Serialize)]
+        struct Plain<'a> {
+            state: &'a str,
+            steps: u64,
+            completed: Vec<&'a str>,
+            entries: Vec<(&'a str, u32)>,
+            phase: Phase,
+        }
+        let plain = Plain {
+            state: "Third",
+            steps: 3,
+            completed: vec!["First"],
+            entries: vec![("First", 1), ("Second", 2)],
+            phase: Phase::Running,
+        };
+        assert_eq!(bytes, postcard::to_stdvec(&plain).unwrap());
+
+        let read: Repr<'_> = postcard::from_bytes(&bytes).unwrap();
+        let borrowed = |n: &Name<'_>| matches!(n.0, Cow::Borrowed(_));
+        assert!(read.completed.iter().all(borrowed));
+        assert!(read.entries.iter().all(|(n, _)| borrowed(n)));
+        assert_eq!(read.entries[1].0.0, "Second");
     }
 }

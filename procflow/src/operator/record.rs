@@ -202,8 +202,12 @@ impl ProcedureRecord {
             hold: envelope.hold,
             holds_locks,
             waits_for_locks: false,
-            visited: cursor.entries.iter().map(|(s, _)| s.to_string()).collect(),
-            completed: cursor.completed.iter().map(ToString::to_string).collect(),
+            visited: cursor
+                .entries
+                .iter()
+                .map(|(s, _)| s.0.to_string())
+                .collect(),
+            completed: cursor.completed.iter().map(|s| s.0.to_string()).collect(),
             history: entries(&envelope.history, envelope.submitted_ms),
             history_dropped: envelope.history.dropped,
             abort_requested: None,
