@@ -9,7 +9,7 @@
 //! disappear together with every older change of its key.
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::Hash;
+use std::hash::{BuildHasher, Hash};
 
 use super::record::{self, KIND_COMPACTION};
 use super::writer::Writer;
@@ -30,7 +30,7 @@ pub(crate) struct LiveIndex {
     /// Segment and estimated size of each live record's latest change. Records and
     /// metadata are kept apart: a map keyed by [`Key`] took 40 bytes a slot instead of
     /// 24, for every record, and hashed the variant too.
-    procs: HashMap<ProcId, Location>,
+    procs: HashMap<ProcId, Location, foldhash::fast::RandomState>,
     meta: HashMap<String, Location>,
     per_segment: BTreeMap<u64, u64>,
     live_bytes: u64,
@@ -41,8 +41,8 @@ type Location = (u64, u64);
 
 /// Sets `key`'s location in `map` to `latest`, or removes it if `None`; returns the
 /// location replaced. One lookup: `insert` hands back what it replaces.
-fn relocate<K: Hash + Eq>(
-    map: &mut HashMap<K, Location>,
+fn relocate<K: Hash + Eq, S: BuildHasher>(
+    map: &mut HashMap<K, Location, S>,
     key: K,
     latest: Option<Location>,
 ) -> Option<Location> {

@@ -118,7 +118,7 @@ pub(crate) struct Inner<E> {
 /// Every procedure the executor knows, live or finished (until retention removes it).
 #[derive(Default)]
 pub(crate) struct Table {
-    pub(crate) procs: HashMap<u64, Box<Entry>>,
+    pub(crate) procs: HashMap<u64, Box<Entry>, foldhash::fast::RandomState>,
     pub(crate) nonces: HashMap<String, u64>,
     /// The nonce each procedure submitted with one has, for retention to delete: beside
     /// the entries, not in them, as few have one (16 bytes less per entry).
