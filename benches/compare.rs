@@ -25,7 +25,9 @@
 //!
 //! For profiling, `-- --cell store:256` (or `wal:256`, `mem:256`) runs one cell alone for
 //! the cell's time and prints its rate: `WalStore::commit` alone, the executor on the
-//! durable WAL, or the executor on `MemStore`; `hand:256` is the hand loop persisting to
+//! durable WAL, or the executor on `MemStore`; `yield:256` the executor on a `MemStore`
+//! whose commit suspends once, as a durable one's does (`compare/yielding.rs`);
+//! `hand:256` is the hand loop persisting to
 //! a `MemStore` (workload 4's second baseline); `raw:1` is the raw write+fdatasync loop
 //! with records of a step's size. `-- --cell single:R` runs workload 1 alone, interleaved
 //! in R rounds over the cell's time; `-- --cell gap:G` runs the raw loop into
@@ -101,6 +103,8 @@ mod with_feature;
 #[cfg(any(feature = "etcd", feature = "postgres"))]
 #[path = "../tests/support/workers.rs"]
 mod workers;
+#[path = "compare/yielding.rs"]
+mod yielding;
 
 use drive::{
     Rate, closed_loop, executor_closed_loop, run_procedures, start_executor, store_commit_loop,
@@ -343,11 +347,11 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
                 .block_on(store_commit_loop(store, clients, 168, plan.cell))
                 .0
         }
-        "wal" | "mem" => runtime.block_on(async {
-            let store: Arc<dyn Store> = if kind == "wal" {
-                Arc::new(WalStore::open(&dir, WalConfig::default()).expect("open WAL"))
-            } else {
-                Arc::new(MemStore::new())
+        "wal" | "mem" | "yield" => runtime.block_on(async {
+            let store: Arc<dyn Store> = match kind {
+                "wal" => Arc::new(WalStore::open(&dir, WalConfig::default()).expect("open WAL")),
+                "yield" => Arc::new(yielding::Yielding::default()),
+                _ => Arc::new(MemStore::new()),
             };
             let (rate, executor) = executor_closed_loop(store, clients, plan.cell).await;
             executor.shutdown().await.expect("shutdown");
