@@ -238,21 +238,37 @@ fn encode_header_into<M: StateMachine>(
 /// written first and measured after (it is a few dozen bytes: moving them costs less
 /// than serializing twice).
 pub(crate) fn insert_length(out: &mut Vec<u8>, start: usize) {
-    let mut len = out.len() - start;
-    let mut varint = [0u8; 10];
+    let (varint, n) = length_varint(out.len() - start);
+    out.splice(start..start, varint[..n].iter().copied());
+}
+
+/// The most bytes a length takes as a varint.
+pub(crate) const MAX_LENGTH_BYTES: usize = 10;
+
+/// Writes the length of everything in `out` from `body` on as a varint just before
+/// `body`, into room left there ([`MAX_LENGTH_BYTES`] at least); returns where the
+/// length starts. Unlike [`insert_length`], nothing after it moves.
+pub(crate) fn write_length_before(out: &mut [u8], body: usize) -> usize {
+    let (varint, n) = length_varint(out.len() - body);
+    let start = body - n;
+    out[start..body].copy_from_slice(&varint[..n]);
+    start
+}
+
+/// `len` as a varint: its bytes and how many of them are used.
+fn length_varint(mut len: usize) -> ([u8; MAX_LENGTH_BYTES], usize) {
+    let mut varint = [0u8; MAX_LENGTH_BYTES];
     let mut n = 0;
     loop {
         let byte = (len & 0x7f) as u8;
         len >>= 7;
         if len == 0 {
             varint[n] = byte;
-            n += 1;
-            break;
+            return (varint, n + 1);
         }
         varint[n] = byte | 0x80;
         n += 1;
     }
-    out.splice(start..start, varint[..n].iter().copied());
 }
 
 /// Splits off a varint length and the `len` bytes after it: `(those bytes, the rest)`.
@@ -432,5 +448,19 @@ mod tests {
             assert_eq!(out[0], 9);
         }
         assert!(take_sized(&[5, 1, 2]).is_err(), "a length past the end");
+    }
+
+    /// A length written into room left before the body reads back as the one inserted
+    /// would, the body unmoved.
+    #[test]
+    fn a_length_written_before_the_body_is_the_inserted_one() {
+        for len in [0usize, 1, 127, 128, 300, 70_000] {
+            let mut inserted = vec![7u8; len];
+            insert_length(&mut inserted, 0);
+            let mut written = vec![0u8; MAX_LENGTH_BYTES];
+            written.extend(std::iter::repeat_n(7u8, len));
+            let start = write_length_before(&mut written, MAX_LENGTH_BYTES);
+            assert_eq!(written[start..], inserted[..]);
+        }
     }
 }

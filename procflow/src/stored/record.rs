@@ -16,7 +16,7 @@
 
 use crate::codec::CodecError;
 use crate::locks::{Hold, Lock, Locks};
-use crate::stored::codec::{insert_length, take_sized};
+use crate::stored::codec::{MAX_LENGTH_BYTES, take_sized, write_length_before};
 use crate::stored::history::{History, Mark, StepKind, StepOutcome};
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
@@ -378,15 +378,19 @@ impl Envelope {
             machine: "(envelope)",
             source,
         };
+        // The version and the body's length go before the body, which is written first:
+        // room is left for them, so that the body (the history with it, most of a
+        // record) is not moved to make room once its length is known.
         let mut scratch = SCRATCH.take();
-        scratch.push(ENVELOPE_VERSION);
+        scratch.resize(1 + MAX_LENGTH_BYTES, 0);
         let body = scratch.len();
         let out = postcard::to_extend(self, scratch).map_err(failed)?;
         let out = self.history.write_to(out).map_err(failed)?;
         let mut out = postcard::to_extend(&self.summary, out).map_err(failed)?;
-        insert_length(&mut out, body);
+        let version_at = write_length_before(&mut out, body) - 1;
+        out[version_at] = ENVELOPE_VERSION;
         let mut out = encode_snapshot(out)?;
-        let value = out.to_vec();
+        let value = out[version_at..].to_vec();
         if out.capacity() <= SCRATCH_KEPT {
             out.clear();
             SCRATCH.set(out);
@@ -482,6 +486,7 @@ pub(crate) fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stored::codec::insert_length;
 
     #[test]
     fn envelope_round_trips_and_leaves_the_snapshot() {
