@@ -161,24 +161,14 @@ fn pack(mut values: Vec<&mut Record>) -> Vec<Arc<Memory>> {
 
 /// One arena of `len` bytes holding the values of `group`, which become slices of it.
 fn fill_arena(group: &mut [&mut Record], len: usize) -> Arc<Memory> {
-    let memory = match mapped(len) {
-        Some(mut map) => {
-            let mut free: &mut [u8] = &mut map;
-            for record in group.iter() {
-                let (into, rest) = free.split_at_mut(record.value.len());
-                into.copy_from_slice(&record.value);
-                free = rest;
-            }
-            Memory::Mapped(map)
-        }
-        None => {
-            let mut arena = Vec::with_capacity(len);
-            for record in group.iter() {
-                arena.extend_from_slice(&record.value);
-            }
-            Memory::Heap(arena)
-        }
-    };
+    // A small arena is zeroed before it is filled: one `calloc`, next to the copy.
+    let mut memory = mapped(len).map_or_else(|| Memory::Heap(vec![0; len]), Memory::Mapped);
+    let mut free = memory.bytes_mut();
+    for record in group.iter() {
+        let (into, rest) = free.split_at_mut(record.value.len());
+        into.copy_from_slice(&record.value);
+        free = rest;
+    }
     let memory = Arc::new(memory);
     let arena = Bytes::from_owner(Owner(Arc::clone(&memory)));
     let mut at = 0;
@@ -203,6 +193,13 @@ enum Memory {
 
 impl Memory {
     fn bytes(&self) -> &[u8] {
+        match self {
+            Memory::Mapped(map) => map,
+            Memory::Heap(vec) => vec,
+        }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
         match self {
             Memory::Mapped(map) => map,
             Memory::Heap(vec) => vec,
