@@ -139,6 +139,51 @@ async fn on_a_current_thread_runtime_the_committer_writes_it() {
     assert_eq!(lone_commit_appenders(true).await, [COMMITTER]);
 }
 
+/// A multi-thread runtime with one worker is no different: blocking that worker for a
+/// sync would hold up every other task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn on_a_runtime_with_one_worker_the_committer_writes_it() {
+    assert_eq!(lone_commit_appenders(true).await, [COMMITTER]);
+}
+
+/// Many writers on a runtime with one worker thread, on a disk whose syncs take time:
+/// their commits are grouped. A commit that held the only worker (served inline, or
+/// polling for its answer) stayed alone in flight, and so did the next: one sync per
+/// commit, every other writer waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn on_one_worker_concurrent_commits_share_their_syncs() {
+    const WRITERS: u64 = 32;
+    const COMMITS: u64 = 20;
+    let sim = SimBackend::new();
+    let store = Arc::new(
+        WalStore::open_with_backend(dir(), WalConfig::default(), Arc::new(sim.clone())).unwrap(),
+    );
+    sim.set_sync_delay(Duration::from_micros(200));
+    let before = store.stats();
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|writer| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                for n in 1..=COMMITS {
+                    let batch = Batch::new().put(writer, None, n.to_le_bytes().to_vec());
+                    store.commit(batch).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let after = store.stats();
+    let commits = after.commits - before.commits;
+    let syncs = after.group_syncs - before.group_syncs;
+    assert_eq!(commits, WRITERS * COMMITS);
+    assert!(
+        syncs * 4 <= commits,
+        "{syncs} syncs for {commits} commits: commits did not share their syncs"
+    );
+}
+
 /// Writers that sometimes commit alone (served inline) and sometimes together (through
 /// the committer), on a disk whose syncs take time; then a power loss. Every commit that
 /// was acknowledged is recovered, and each key holds its writer's last acknowledged value:

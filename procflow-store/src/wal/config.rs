@@ -40,15 +40,17 @@ pub struct WalConfig {
     /// about a sixth of its steps/s on the machine of docs/BENCHMARKS.md. The price: the
     /// calling thread, a Tokio worker, is blocked for one `write` and `fdatasync` (a
     /// fraction of a millisecond on an SSD, longer on a slow disk), and tasks queued on
-    /// it wait for another worker to steal them. Never done on a current-thread runtime,
-    /// whose one thread runs everything. `false`: every commit goes through the
-    /// committer thread. Default: `true`.
+    /// it wait for another worker to steal them. Never done on a runtime with one worker
+    /// thread (current-thread, or multi-thread with `worker_threads(1)`), whose one thread
+    /// runs everything. `false`: every commit goes through the committer thread.
+    /// Default: `true`.
     pub inline_lone_commit: bool,
     /// How long a commit that is the only one in flight, and not served inline (see
     /// [`inline_lone_commit`](Self::inline_lone_commit)), polls for its answer before it
     /// sleeps. Waking a sleeping Tokio worker thread takes tens of microseconds, a good
     /// part of an `fdatasync`; polling keeps one worker busy instead, only while a single
-    /// commit is in flight, and never where the process may use only one CPU. It polls
+    /// commit is in flight, never where the process may use only one CPU, and never on a
+    /// runtime with one worker thread, whose other tasks would wait. It polls
     /// in bursts of up to 200 µs that hold its worker thread, yielding to other tasks
     /// between bursts. Zero: always sleep. Default: 500 µs.
     pub spin_wait: Duration,
