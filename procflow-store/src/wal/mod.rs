@@ -320,7 +320,7 @@ impl Inner {
         let (reply, answer) = tokio::sync::oneshot::channel();
         let in_flight = InFlight::enter(&self.in_flight);
         let mut request = Request::Commit(batch, reply);
-        if in_flight.alone && self.config.inline_lone_commit && may_hold_thread() {
+        if in_flight.may_hold_thread && self.config.inline_lone_commit {
             request = match self.serve_inline(request) {
                 Ok(()) => return Self::answered(answer),
                 Err(refused) => refused,
@@ -363,7 +363,7 @@ impl Inner {
                 closed
             };
         }
-        let answer = if in_flight.alone && self.spin && may_hold_thread() {
+        let answer = if in_flight.may_hold_thread && self.spin {
             spin_wait(answer, self.config.spin_wait).await
         } else {
             answer.await.ok()
@@ -389,30 +389,34 @@ fn fit_values(batch: &mut Batch) {
     }
 }
 
-/// Counts a request in flight while it lives (also when its future is dropped).
-/// Whether a lone commit may hold its thread, to serve itself inline or to poll for its
-/// answer: only if the runtime has another worker thread to run the tasks it holds up.
+/// Whether the runtime has another worker thread to run the tasks a commit holds up if
+/// it holds its thread (outside a runtime, the caller's thread waits for it anyway).
 ///
-/// Why: on a runtime with one worker, the commit that holds the thread is the only task
-/// that runs, so it stays alone in flight, and so does the next one: every other
-/// procedure waits while commits go to disk one `fdatasync` each. At 1,024 procedures
-/// on one worker the executor made 9,300 steps/s that way, against 271,000 with every
-/// commit queued for the committer (docs/BENCHMARKS.md). Outside a runtime the caller's
-/// thread waits for this commit anyway.
-fn may_hold_thread() -> bool {
+/// Why it matters: on a runtime with one worker, the commit that holds the thread is the
+/// only task that runs, so it stays alone in flight, and so does the next one: every
+/// other procedure waits while commits go to disk one `fdatasync` each. At 1,024
+/// procedures on one worker the executor made 9,300 steps/s that way, against 271,000
+/// with every commit queued for the committer (docs/BENCHMARKS.md).
+fn another_worker_runs() -> bool {
     tokio::runtime::Handle::try_current().map_or(true, |h| h.metrics().num_workers() > 1)
 }
 
+/// Counts a request in flight while it lives (also when its future is dropped).
 struct InFlight<'a> {
     count: &'a AtomicUsize,
-    /// No other request was in flight when this one started.
-    alone: bool,
+    /// No other request was in flight when this one started, and another worker runs the
+    /// runtime's other tasks: it may hold its thread, to be served inline or to poll for
+    /// its answer.
+    may_hold_thread: bool,
 }
 
 impl<'a> InFlight<'a> {
     fn enter(count: &'a AtomicUsize) -> Self {
         let alone = count.fetch_add(1, Ordering::AcqRel) == 0;
-        InFlight { count, alone }
+        InFlight {
+            count,
+            may_hold_thread: alone && another_worker_runs(),
+        }
     }
 }
 
