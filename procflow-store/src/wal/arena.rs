@@ -16,6 +16,10 @@
 //! wait for the next segment. What still dies later is handled at the end of the replay:
 //! the values of arenas less than three quarters used are copied again, packed
 //! ([`Arenas::finish`]).
+//!
+//! A full arena's memory may have been made earlier, while the replay waited for the
+//! disk ([`Arenas::make_ahead_for`]): fresh memory is slow to come by, and a cold replay
+//! has time it would otherwise spend waiting.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,9 +37,39 @@ const ARENA_BYTES: usize = 256 * 1024;
 #[derive(Default)]
 pub(crate) struct Arenas {
     made: Vec<Arc<Memory>>,
+    /// Memory for full arenas made while the replay waited for the disk
+    /// ([`Arenas::make_ahead`]), not used yet.
+    ahead: Vec<memmap2::MmapMut>,
 }
 
 impl Arenas {
+    /// Makes the memory of one full arena now, for a later copy, unless `bound` bytes
+    /// are made ahead already (a segment cannot leave more live values than it put).
+    ///
+    /// Why ahead: fresh memory costs the kernel's zeroing and mapping of every page,
+    /// 1.4–2.3 µs per 4 KiB on the bench's machine, about the speed of reading the log
+    /// cold. A cold replay waits for the disk where its decoding overtakes the reads
+    /// ahead; making arenas then, rather than when their values are copied, does that
+    /// work in time otherwise spent waiting (issue 33). A thread of its own making them
+    /// made the replay slower instead (docs/BENCHMARKS.md, stop 46).
+    ///
+    /// Returns whether it made one.
+    fn make_ahead(&mut self, bound: usize) -> bool {
+        if (self.ahead.len() + 1) * ARENA_BYTES > bound {
+            return false;
+        }
+        let made = populated(ARENA_BYTES);
+        let any = made.is_some();
+        self.ahead.extend(made);
+        any
+    }
+
+    /// [`make_ahead`](Self::make_ahead) for about `time`, or until `bound`.
+    pub(crate) fn make_ahead_for(&mut self, time: std::time::Duration, bound: usize) {
+        let until = std::time::Instant::now() + time;
+        while self.make_ahead(bound) && std::time::Instant::now() < until {}
+    }
+
     /// Gives each record in `put` (ids a segment put, in any order, repeats allowed)
     /// whose value still lies in `segment` (the buffer it was read into) a copy of its
     /// value, packed in new arenas, so that no value points into the buffer any more.
@@ -52,14 +86,14 @@ impl Arenas {
         let values = in_order(records, &put)
             .filter(|record| lies_in(&record.value, segment))
             .collect();
-        self.made.extend(pack(values));
+        self.made.extend(pack(values, &mut self.ahead));
         // Only this list holds them: every value in them was superseded or deleted.
         self.made.retain(|arena| Arc::strong_count(arena) > 1);
     }
 
     /// Copies the values of arenas less than three quarters used into new arenas, packed,
     /// so that the dead parts of the old ones are freed. Called once the replay is over.
-    pub(crate) fn finish(self, records: &mut BTreeMap<ProcId, Record>) {
+    pub(crate) fn finish(mut self, records: &mut BTreeMap<ProcId, Record>) {
         let mut arenas: Vec<Used> = self.made.iter().map(|arena| Used::of(arena)).collect();
         arenas.sort_unstable_by_key(|arena| arena.start);
         for record in records.values() {
@@ -73,7 +107,7 @@ impl Arenas {
             .collect();
         // The old arenas go as their last values move.
         drop(self.made);
-        pack(moved);
+        pack(moved, &mut self.ahead);
     }
 }
 
@@ -138,7 +172,7 @@ fn find(arenas: &[Used], value: &Bytes) -> Option<usize> {
 
 /// Copies `values` into new arenas, side by side in the given order, and points the
 /// records at the copies; returns the arenas.
-fn pack(mut values: Vec<&mut Record>) -> Vec<Arc<Memory>> {
+fn pack(mut values: Vec<&mut Record>, ahead: &mut Vec<memmap2::MmapMut>) -> Vec<Arc<Memory>> {
     let mut made = Vec::new();
     let mut rest = values.as_mut_slice();
     while !rest.is_empty() {
@@ -153,16 +187,27 @@ fn pack(mut values: Vec<&mut Record>) -> Vec<Arc<Memory>> {
             count += 1;
         }
         let (group, after) = rest.split_at_mut(count);
-        made.push(fill_arena(group, len));
+        made.push(fill_arena(group, fresh(len, ahead)));
         rest = after;
     }
     made
 }
 
-/// One arena of `len` bytes holding the values of `group`, which become slices of it.
-fn fill_arena(group: &mut [&mut Record], len: usize) -> Arc<Memory> {
+/// Memory for an arena whose values take `len` bytes: memory made ahead if `len` fills
+/// most of it (the last arena of a copy is often small, and would waste the rest), else
+/// made now.
+fn fresh(len: usize, ahead: &mut Vec<memmap2::MmapMut>) -> Memory {
+    if len > ARENA_BYTES / 4 * 3 && len <= ARENA_BYTES {
+        if let Some(map) = ahead.pop() {
+            return Memory::Mapped(map);
+        }
+    }
     // A small arena is zeroed before it is filled: one `calloc`, next to the copy.
-    let mut memory = mapped(len).map_or_else(|| Memory::Heap(vec![0; len]), Memory::Mapped);
+    populated(len).map_or_else(|| Memory::Heap(vec![0; len]), Memory::Mapped)
+}
+
+/// An arena in `memory` holding the values of `group`, which become slices of it.
+fn fill_arena(group: &mut [&mut Record], mut memory: Memory) -> Arc<Memory> {
     let mut free = memory.bytes_mut();
     for record in group.iter() {
         let (into, rest) = free.split_at_mut(record.value.len());
@@ -186,7 +231,7 @@ fn fill_arena(group: &mut [&mut Record], len: usize) -> Arc<Memory> {
 /// `Arc`, whose count says when no value uses it any more (a `Bytes` made from an owner
 /// never reports itself unique).
 enum Memory {
-    /// Anonymous memory of its own ([`mapped`]).
+    /// Anonymous memory of its own ([`populated`]).
     Mapped(memmap2::MmapMut),
     Heap(Vec<u8>),
 }
@@ -225,7 +270,7 @@ const MAPPED_FROM: usize = 64 * 1024;
 /// Why mapped, and populated: an arena is fresh memory, and filling it faulted its pages
 /// in one by one, 4 KiB at a time; a mapping populated when made takes them in one call.
 /// The faults were about a third of the copying's time (issue 33).
-fn mapped(len: usize) -> Option<memmap2::MmapMut> {
+fn populated(len: usize) -> Option<memmap2::MmapMut> {
     if len < MAPPED_FROM {
         return None;
     }
@@ -304,6 +349,30 @@ mod tests {
         assert_eq!(address(&map, 1) + len, address(&map, 2));
         assert!(intact(&map));
         assert!(buffer.is_unique(), "a value still points into the segment");
+    }
+
+    /// Memory made ahead, up to the bound, becomes the full arenas of the next copy; a
+    /// small arena is made to its own size; nothing made ahead is left once used.
+    #[test]
+    fn memory_made_ahead_becomes_the_full_arenas() {
+        let mut arenas = Arenas::default();
+        assert!(arenas.make_ahead(2 * ARENA_BYTES));
+        assert!(arenas.make_ahead(2 * ARENA_BYTES));
+        assert!(!arenas.make_ahead(2 * ARENA_BYTES), "past the bound");
+        let ahead: Vec<usize> = arenas.ahead.iter().map(|m| m.as_ptr() as usize).collect();
+        let len = ARENA_BYTES / 4;
+        let (buffer, mut map) = segment(1..=9, len);
+        arenas.copy_out(&mut map, (1..=9).collect(), &buffer);
+        assert!(intact(&map));
+        assert!(buffer.is_unique(), "a value still points into the segment");
+        assert!(arenas.ahead.is_empty(), "both were used");
+        assert!(ahead.contains(&address(&map, 1)), "ids 1-4 fill one");
+        assert!(ahead.contains(&address(&map, 5)), "ids 5-8 fill the other");
+        assert!(
+            !ahead.contains(&address(&map, 9)),
+            "a small arena of its own"
+        );
+        assert_eq!(arenas.made.len(), 3);
     }
 
     /// A value put again by a later segment (no longer in this buffer) is not copied.
