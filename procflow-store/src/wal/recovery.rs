@@ -552,8 +552,8 @@ fn replay(
 
 /// Tells, every [`Pace::EVERY`] records, whether decoding them waited for the disk: a
 /// page of the mapping not read yet stops the decoding for the disk's time, hundreds of
-/// µs, where decoding as many records from memory takes a few. The replay then makes an
-/// arena's memory ahead ([`Arenas::make_ahead`]) while the disk goes on reading.
+/// µs, where decoding as many records from memory takes a few. The replay then makes
+/// arenas' memory ahead ([`Arenas::make_ahead_for`]) while the disk goes on reading.
 struct Pace {
     records: u32,
     since: std::time::Instant,
@@ -582,8 +582,7 @@ impl Pace {
 
     /// Starts the next look's count afresh.
     fn restart(&mut self) {
-        self.records = 0;
-        self.since = std::time::Instant::now();
+        *self = Self::default();
     }
 }
 
