@@ -89,7 +89,7 @@ fn expired(table: &mut Table, retention: u64, now: u64) -> Vec<(u64, Option<Box<
 
 /// Whether a procedure above `entry` in its tree is still live.
 fn has_live_ancestor(table: &Table, entry: &Entry) -> bool {
-    let mut at = entry.info.borrow().parent;
+    let mut at = entry.info.borrow().parent();
     // Bounded by the table's size: a damaged parent chain must not loop forever.
     for _ in 0..table.procs.len() {
         let Some(parent) = at.and_then(|id| table.procs.get(&id.get())) else {
@@ -98,7 +98,7 @@ fn has_live_ancestor(table: &Table, entry: &Entry) -> bool {
         if parent.finished_ms.is_none() {
             return true;
         }
-        at = parent.info.borrow().parent;
+        at = parent.info.borrow().parent();
     }
     false
 }

@@ -55,6 +55,7 @@ mod lanes;
 mod lazy;
 mod requests;
 mod runner;
+mod snapshot;
 pub(crate) mod status;
 mod submit;
 mod timers;
@@ -268,7 +269,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
             .table()
             .procs
             .get(&id.get())
-            .map(|entry| entry.info.borrow().clone())
+            .map(|entry| entry.info.borrow().unpack())
     }
 
     /// Every procedure the executor knows (live, and finished within their retention),
@@ -280,7 +281,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
             .table()
             .procs
             .values()
-            .map(|entry| entry.info.borrow().clone())
+            .map(|entry| entry.info.borrow().unpack())
             .collect();
         all.sort_by_key(|info| info.id);
         all

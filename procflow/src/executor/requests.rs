@@ -276,7 +276,7 @@ fn hand_over<E>(
         let Some(entry) = table.procs.get_mut(id) else {
             continue;
         };
-        if entry.info.borrow().status.is_finished() {
+        if entry.info.borrow().is_finished() {
             continue;
         }
         mark(entry);
@@ -320,7 +320,7 @@ fn descendants<E>(inner: &Inner<E>, id: u64) -> Vec<u64> {
     let table = inner.table();
     let mut children: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     for (&child, entry) in &table.procs {
-        if let Some(parent) = entry.info.borrow().parent {
+        if let Some(parent) = entry.info.borrow().parent() {
             children.entry(parent.get()).or_default().push(child);
         }
     }
@@ -339,7 +339,7 @@ fn descendants<E>(inner: &Inner<E>, id: u64) -> Vec<u64> {
         table
             .procs
             .get(id)
-            .is_some_and(|e| !e.info.borrow().status.is_finished())
+            .is_some_and(|e| !e.info.borrow().is_finished())
     });
     order
 }

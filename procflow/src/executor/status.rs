@@ -134,18 +134,19 @@ impl ProcedureInfo {
     /// How the procedure ended, once it has.
     #[must_use]
     pub fn outcome(&self) -> Option<Outcome> {
-        let error = || {
-            self.error
-                .clone()
-                .unwrap_or_else(|| Error::fatal("unknown"))
-        };
-        match self.status {
-            Status::Succeeded => Some(Outcome::Succeeded),
-            Status::RolledBack => Some(Outcome::RolledBack(error())),
-            Status::Failed => Some(Outcome::Failed(error())),
-            Status::Bypassed => Some(Outcome::Bypassed),
-            _ => None,
-        }
+        outcome_of(&self.status, self.error.as_ref())
+    }
+}
+
+/// How a procedure with `status` and `error` ended, once it has.
+pub(crate) fn outcome_of(status: &Status, error: Option<&Error>) -> Option<Outcome> {
+    let error = || error.cloned().unwrap_or_else(|| Error::fatal("unknown"));
+    match status {
+        Status::Succeeded => Some(Outcome::Succeeded),
+        Status::RolledBack => Some(Outcome::RolledBack(error())),
+        Status::Failed => Some(Outcome::Failed(error())),
+        Status::Bypassed => Some(Outcome::Bypassed),
+        _ => None,
     }
 }
 

@@ -50,7 +50,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
         record.children = {
             let table = self.inner.table();
             let children = table.procs.iter().filter_map(|(child, entry)| {
-                (entry.info.borrow().parent == Some(id)).then_some(ProcedureId::new(*child))
+                (entry.info.borrow().parent() == Some(id)).then_some(ProcedureId::new(*child))
             });
             children.collect()
         };
@@ -180,7 +180,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
             let mut info = |id: &u64| {
                 let entry = table.procs.get_mut(id)?;
                 entry.noted = false;
-                Some(entry.info.borrow().clone())
+                Some(entry.info.borrow().unpack())
             };
             all.extend(chunk.iter().map(|id| (*id, info(id))));
         }
@@ -204,7 +204,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
     ) {
         let id = record.id.get();
         let info = match self.inner.table().procs.get(&id) {
-            Some(entry) => entry.info.borrow().clone(),
+            Some(entry) => entry.info.borrow().unpack(),
             None => return,
         };
         if let Status::Stuck {

@@ -5,8 +5,10 @@
 //! a dormant procedure's own footprint; most procedures are never subscribed to while
 //! they wait. So the entry keeps the snapshot itself, and makes the channel when the
 //! first subscriber asks (`Executor::subscribe`), from then on sending every
-//! change through it. The API mirrors `watch::Sender`'s, so callers read the same.
+//! change through it. The API mirrors `watch::Sender`'s, so callers read the same. The
+//! snapshot is kept packed (see [`Snapshot`]).
 
+use super::snapshot::Snapshot;
 use super::status::ProcedureInfo;
 #[cfg(feature = "admin")]
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,7 +35,7 @@ fn changed() {
 
 /// See the [module docs](self).
 pub(crate) struct Watched {
-    current: ProcedureInfo,
+    current: Snapshot,
     channel: Option<watch::Sender<ProcedureInfo>>,
 }
 
@@ -41,13 +43,13 @@ impl Watched {
     pub(crate) fn new(info: ProcedureInfo) -> Self {
         changed();
         Self {
-            current: info,
+            current: Snapshot::pack(info),
             channel: None,
         }
     }
 
     /// The current snapshot.
-    pub(crate) fn borrow(&self) -> &ProcedureInfo {
+    pub(crate) fn borrow(&self) -> &Snapshot {
         &self.current
     }
 
@@ -55,24 +57,32 @@ impl Watched {
     pub(crate) fn subscribe(&mut self) -> watch::Receiver<ProcedureInfo> {
         let current = &self.current;
         self.channel
-            .get_or_insert_with(|| watch::Sender::new(current.clone()))
+            .get_or_insert_with(|| watch::Sender::new(current.unpack()))
             .subscribe()
     }
 
     /// Replaces the snapshot and tells the subscribers.
     pub(crate) fn send_replace(&mut self, info: ProcedureInfo) {
-        if let Some(channel) = &self.channel {
-            channel.send_replace(info.clone());
-        }
-        self.current = info;
-        changed();
+        self.send(info, |_, _| true);
     }
 
     /// Replaces the snapshot if it changed, telling the subscribers only then.
     pub(crate) fn send_if_changed(&mut self, info: ProcedureInfo) {
-        if self.current != info {
-            self.send_replace(info);
+        self.send(info, |current, new| current != new);
+    }
+
+    /// Replaces the snapshot if `replace` says so, telling the subscribers then.
+    fn send(&mut self, info: ProcedureInfo, replace: impl FnOnce(&Snapshot, &Snapshot) -> bool) {
+        let channel = self.channel.as_ref().map(|channel| (channel, info.clone()));
+        let packed = Snapshot::pack(info);
+        if !replace(&self.current, &packed) {
+            return;
         }
+        if let Some((channel, info)) = channel {
+            channel.send_replace(info);
+        }
+        self.current = packed;
+        changed();
     }
 }
 
@@ -117,7 +127,7 @@ mod tests {
         watched.send_if_changed(info(2));
         assert!(rx.has_changed().unwrap());
         assert_eq!(rx.borrow_and_update().steps, 2);
-        assert_eq!(watched.borrow().steps, 2);
+        assert_eq!(watched.borrow().unpack().steps, 2);
         // A second subscriber shares the channel.
         let second = watched.subscribe();
         assert_eq!(second.borrow().steps, 2);

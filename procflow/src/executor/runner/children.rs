@@ -199,7 +199,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
                 .table()
                 .procs
                 .get(&id)
-                .map(|entry| entry.info.borrow().status.clone());
+                .map(|entry| entry.info.borrow().status().into_owned());
             match status {
                 Some(Status::Succeeded) => {}
                 Some(_) => continue, // It rolled back (or failed to) on its own.
@@ -281,7 +281,11 @@ impl<E: Send + Sync + 'static> Runner<E> {
         {
             let table = self.inner.table();
             for &id in ids {
-                match table.procs.get(&id).map(|e| e.info.borrow().status.clone()) {
+                match table
+                    .procs
+                    .get(&id)
+                    .map(|e| e.info.borrow().status().into_owned())
+                {
                     Some(Status::RolledBack) => {}
                     Some(Status::Failed) => rollback_failed = true,
                     // Never revived: it could not be read back.
@@ -328,11 +332,11 @@ fn verdict(table: &Table, ids: &[u64]) -> Verdict {
             continue;
         };
         let info = entry.info.borrow();
-        match info.status {
+        match &*info.status() {
             // A bypassed child lets its parent go on (HBCK2's bypass).
             Status::Succeeded | Status::Bypassed => {}
             Status::RolledBack | Status::Failed => {
-                let error = info.error.clone();
+                let error = info.error().cloned();
                 verdict.failure.get_or_insert_with(|| {
                     error.unwrap_or_else(|| Error::fatal(format!("child #{id} failed")))
                 });

@@ -1,0 +1,289 @@
+//! A procedure's snapshot as its table entry keeps it: [`ProcedureInfo`]'s fields in
+//! under half its size.
+//!
+//! An entry lives as long as its procedure, a dormant one's too, and a restart may load
+//! a million. `ProcedureInfo` takes 216 bytes, most of it room for what few procedures
+//! have: a stuck status and an error. The snapshot keeps the other statuses as a
+//! one-byte tag (and a suspended one's event name), the times as nanoseconds since the
+//! epoch, and boxes the rest: 104 bytes in all. It is packed once per published change
+//! and unpacked only for readers (`Executor::state`, `list`, the admin page,
+//! subscribers).
+
+use super::status::{Outcome, ProcedureInfo, Status, outcome_of};
+use crate::{Error, ProcedureId};
+use std::borrow::Cow;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// See the [module docs](self).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Snapshot {
+    id: ProcedureId,
+    /// Its parent, or its own id when it has none: no procedure is its own parent, and
+    /// an `Option` would take 8 bytes more.
+    parent: ProcedureId,
+    machine: &'static str,
+    state: &'static str,
+    steps: u64,
+    /// Nanoseconds since the epoch; 0 when `rare` holds the times.
+    submitted: u64,
+    /// As `submitted`.
+    updated: u64,
+    /// The event a suspended procedure waits for.
+    event: Option<Box<str>>,
+    /// What does not fit the fields above. Packing makes it only when needed, so that
+    /// two snapshots compare equal exactly when their infos do.
+    rare: Option<Box<Rare>>,
+    /// The status when `rare` does not hold it.
+    plain: Plain,
+}
+
+/// The statuses kept without a box.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Plain {
+    Runnable,
+    WaitingChildren,
+    WaitingForLock,
+    /// Its event is in [`Snapshot::event`].
+    Suspended,
+    RollingBack,
+    Succeeded,
+    RolledBack,
+    Failed,
+    Bypassed,
+}
+
+/// The parts of a snapshot few procedures have.
+#[derive(Debug, PartialEq, Eq)]
+struct Rare {
+    /// Set when the status is not [`Plain`].
+    status: Option<Status>,
+    error: Option<Error>,
+    /// Set only when a time does not fit in 64 bits of nanoseconds since the epoch.
+    times: Option<(SystemTime, SystemTime)>,
+}
+
+impl Plain {
+    /// The tag of `status` and, if suspended, its event; `None` if it carries more.
+    fn of(status: Status) -> Result<(Self, Option<Box<str>>), Status> {
+        let plain = match status {
+            Status::Runnable => Self::Runnable,
+            Status::WaitingChildren => Self::WaitingChildren,
+            Status::WaitingForLock => Self::WaitingForLock,
+            Status::Suspended { event } => return Ok((Self::Suspended, Some(event.into()))),
+            Status::RollingBack => Self::RollingBack,
+            Status::Succeeded => Self::Succeeded,
+            Status::RolledBack => Self::RolledBack,
+            Status::Failed => Self::Failed,
+            Status::Bypassed => Self::Bypassed,
+            other => return Err(other),
+        };
+        Ok((plain, None))
+    }
+
+    fn status(self, event: Option<&str>) -> Cow<'static, Status> {
+        Cow::Borrowed(match self {
+            Self::Runnable => &Status::Runnable,
+            Self::WaitingChildren => &Status::WaitingChildren,
+            Self::WaitingForLock => &Status::WaitingForLock,
+            Self::Suspended => {
+                return Cow::Owned(Status::Suspended {
+                    event: event.unwrap_or_default().to_owned(),
+                });
+            }
+            Self::RollingBack => &Status::RollingBack,
+            Self::Succeeded => &Status::Succeeded,
+            Self::RolledBack => &Status::RolledBack,
+            Self::Failed => &Status::Failed,
+            Self::Bypassed => &Status::Bypassed,
+        })
+    }
+}
+
+/// `time` as nanoseconds since the epoch, if that fits in a `u64` (until the year 2554)
+/// and is not 0, which marks times kept in [`Rare`].
+fn nanos(time: SystemTime) -> Option<u64> {
+    let since = time.duration_since(UNIX_EPOCH).ok()?;
+    u64::try_from(since.as_nanos()).ok().filter(|&n| n != 0)
+}
+
+fn time(nanos: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_nanos(nanos)
+}
+
+impl Snapshot {
+    pub(crate) fn pack(info: ProcedureInfo) -> Self {
+        let stamps = nanos(info.submitted).zip(nanos(info.updated));
+        let (plain, event, status) = match Plain::of(info.status) {
+            Ok((plain, event)) => (plain, event, None),
+            // Unread while `rare` holds the status.
+            Err(status) => (Plain::Runnable, None, Some(status)),
+        };
+        let rare = (status.is_some() || info.error.is_some() || stamps.is_none()).then(|| {
+            Box::new(Rare {
+                status,
+                error: info.error,
+                times: stamps.is_none().then_some((info.submitted, info.updated)),
+            })
+        });
+        let (submitted, updated) = stamps.unwrap_or_default();
+        Self {
+            id: info.id,
+            parent: info.parent.unwrap_or(info.id),
+            machine: info.machine,
+            state: info.state,
+            steps: info.steps,
+            submitted,
+            updated,
+            event,
+            rare,
+            plain,
+        }
+    }
+
+    /// The [`ProcedureInfo`] it was packed from.
+    pub(crate) fn unpack(&self) -> ProcedureInfo {
+        let (submitted, updated) = self.times();
+        ProcedureInfo {
+            id: self.id,
+            parent: self.parent(),
+            machine: self.machine,
+            status: self.status().into_owned(),
+            state: self.state,
+            steps: self.steps,
+            error: self.error().cloned(),
+            submitted,
+            updated,
+        }
+    }
+
+    /// Its status; made afresh only for a suspended procedure.
+    pub(crate) fn status(&self) -> Cow<'_, Status> {
+        match self.rare.as_ref().and_then(|rare| rare.status.as_ref()) {
+            Some(status) => Cow::Borrowed(status),
+            None => self.plain.status(self.event.as_deref()),
+        }
+    }
+
+    /// Whether the procedure has ended (as [`Status::is_finished`], without making the
+    /// status).
+    pub(crate) fn is_finished(&self) -> bool {
+        self.rare.as_ref().is_none_or(|rare| rare.status.is_none())
+            && matches!(
+                self.plain,
+                Plain::Succeeded | Plain::RolledBack | Plain::Failed | Plain::Bypassed
+            )
+    }
+
+    pub(crate) fn parent(&self) -> Option<ProcedureId> {
+        (self.parent != self.id).then_some(self.parent)
+    }
+
+    pub(crate) fn error(&self) -> Option<&Error> {
+        self.rare.as_ref().and_then(|rare| rare.error.as_ref())
+    }
+
+    fn times(&self) -> (SystemTime, SystemTime) {
+        match self.rare.as_ref().and_then(|rare| rare.times) {
+            Some(times) => times,
+            None => (time(self.submitted), time(self.updated)),
+        }
+    }
+
+    /// How the procedure ended, once it has (as [`ProcedureInfo::outcome`]).
+    pub(crate) fn outcome(&self) -> Option<Outcome> {
+        if !self.is_finished() {
+            return None;
+        }
+        outcome_of(&self.status(), self.error())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(status: Status, error: Option<Error>, at: SystemTime) -> ProcedureInfo {
+        ProcedureInfo {
+            id: ProcedureId::new(7),
+            parent: Some(ProcedureId::new(3)),
+            machine: "m",
+            status,
+            state: "S",
+            steps: 4,
+            error,
+            submitted: at,
+            updated: at + Duration::from_nanos(1_234_567),
+        }
+    }
+
+    fn now() -> SystemTime {
+        SystemTime::now()
+    }
+
+    #[test]
+    fn it_is_under_half_a_procedure_info() {
+        assert_eq!(size_of::<Snapshot>(), 104);
+        assert!(
+            size_of::<Snapshot>() * 2 <= size_of::<ProcedureInfo>(),
+            "{} bytes against {}",
+            size_of::<Snapshot>(),
+            size_of::<ProcedureInfo>()
+        );
+    }
+
+    #[test]
+    fn every_kind_of_info_unpacks_to_itself() {
+        let far = UNIX_EPOCH + Duration::from_secs(600 * 365 * 86_400); // Past 2554.
+        let cases = [
+            info(Status::Runnable, None, now()),
+            info(Status::Succeeded, None, now()),
+            info(Status::RolledBack, Some(Error::fatal("boom")), now()),
+            info(Status::Suspended { event: "e".into() }, None, now()),
+            info(
+                Status::Stuck {
+                    error: Error::retryable("again"),
+                    since: now(),
+                    attempts: 3,
+                },
+                Some(Error::fatal("first")),
+                now(),
+            ),
+            info(Status::Runnable, None, UNIX_EPOCH),
+            ProcedureInfo {
+                parent: None,
+                ..info(Status::Failed, None, now())
+            },
+            info(Status::Runnable, None, UNIX_EPOCH - Duration::from_secs(5)),
+            info(Status::Runnable, None, far),
+        ];
+        for case in cases {
+            let packed = Snapshot::pack(case.clone());
+            assert_eq!(packed.unpack(), case);
+            assert_eq!(*packed.status(), case.status);
+            assert_eq!(packed.is_finished(), case.status.is_finished());
+            assert_eq!(packed.error(), case.error.as_ref());
+            assert_eq!(packed.outcome(), case.outcome());
+            assert_eq!(packed.parent(), case.parent);
+        }
+    }
+
+    #[test]
+    fn the_common_case_needs_no_box_and_equal_infos_pack_equal() {
+        let at = now();
+        let plain = Snapshot::pack(info(Status::WaitingForLock, None, at));
+        assert!(plain.rare.is_none());
+        let suspended = Status::Suspended { event: "e".into() };
+        assert!(Snapshot::pack(info(suspended, None, at)).rare.is_none());
+        assert_eq!(
+            plain,
+            Snapshot::pack(info(Status::WaitingForLock, None, at))
+        );
+        assert_ne!(plain, Snapshot::pack(info(Status::Runnable, None, at)));
+        let failed = info(Status::Failed, Some(Error::fatal("x")), at);
+        assert_eq!(Snapshot::pack(failed.clone()), Snapshot::pack(failed));
+        assert_ne!(
+            Snapshot::pack(info(Status::Failed, Some(Error::fatal("x")), at)),
+            Snapshot::pack(info(Status::Failed, Some(Error::fatal("y")), at))
+        );
+    }
+}
