@@ -15,7 +15,8 @@
 use super::error::ApiError;
 use super::server::Shared;
 use crate::ProcedureId;
-use crate::executor::{ProcedureInfo, Status, Taken};
+use crate::executor::packed::PackedInfo;
+use crate::executor::{Status, Taken};
 use axum::Json;
 use axum::extract::{Query, State};
 use serde::{Deserialize, Serialize};
@@ -35,26 +36,26 @@ const DEFAULT_LIMIT: usize = 100;
 const MAX_LIMIT: usize = 1000;
 
 /// One procedure as the list shows it. Made for every procedure at every rebuild, so it
-/// allocates nothing of its own: its detail line is written when the row is sent.
+/// allocates nothing of its own: its detail line is written when the row is sent. Kept
+/// packed as the executor's table keeps it: a list of a million procedures is a million
+/// rows.
 #[derive(Clone)]
-struct Row(ProcedureInfo);
+struct Row(PackedInfo);
 
 impl Serialize for Row {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let info = &self.0;
+        let (submitted, updated) = info.times();
         let mut map = serializer.serialize_map(Some(9))?;
-        map.serialize_entry("id", &info.id)?;
-        map.serialize_entry("parent", &info.parent)?;
-        map.serialize_entry("machine", info.machine)?;
-        map.serialize_entry("state", info.state)?;
-        map.serialize_entry("status", &StatusJson(&info.status))?;
-        map.serialize_entry("steps", &info.steps)?;
-        map.serialize_entry(
-            "submitted_ms",
-            &crate::operator::ser::millis(&info.submitted),
-        )?;
-        map.serialize_entry("updated_ms", &crate::operator::ser::millis(&info.updated))?;
+        map.serialize_entry("id", &info.id())?;
+        map.serialize_entry("parent", &info.parent())?;
+        map.serialize_entry("machine", info.machine())?;
+        map.serialize_entry("state", info.state())?;
+        map.serialize_entry("status", &StatusJson(&info.status()))?;
+        map.serialize_entry("steps", &info.steps())?;
+        map.serialize_entry("submitted_ms", &crate::operator::ser::millis(&submitted))?;
+        map.serialize_entry("updated_ms", &crate::operator::ser::millis(&updated))?;
         map.serialize_entry("detail", &self.detail())?;
         map.end()
     }
@@ -71,12 +72,12 @@ impl Serialize for StatusJson<'_> {
 
 impl Row {
     fn id(&self) -> u64 {
-        self.0.id.get()
+        self.0.id().get()
     }
 
     /// One line on why it is where it is.
     fn detail(&self) -> String {
-        match (&self.0.status, &self.0.error) {
+        match (&*self.0.status(), self.0.error()) {
             (Status::Suspended { event }, _) => format!("on {event}"),
             (
                 Status::Stuck {
@@ -91,17 +92,21 @@ impl Row {
 
     /// What filters compare: its status name, machine and state.
     fn fields(&self) -> Fields {
-        [self.0.status.name(), self.0.machine, self.0.state]
+        [self.0.status_name(), self.0.machine(), self.0.state()]
     }
 
     /// Its free text, which a text filter searches: its event, or its error.
     fn text(&self, into: &mut String) {
         use std::fmt::Write as _;
         let info = &self.0;
-        let _ = match &info.status {
-            Status::Suspended { event } => write!(into, "{event}"),
+        // The event without making the status: every row of a chunk is searched.
+        if let Some(event) = info.event() {
+            into.push_str(event);
+            return;
+        }
+        let _ = match &*info.status() {
             Status::Stuck { error, .. } => write!(into, "{error}"),
-            _ => (info.error.as_ref()).map_or(Ok(()), |e| write!(into, "{e}")),
+            _ => info.error().map_or(Ok(()), |e| write!(into, "{e}")),
         };
     }
 }
@@ -294,11 +299,11 @@ impl Snapshot {
     }
 
     /// A snapshot of every procedure, `infos` by id.
-    fn whole(version: u64, infos: Vec<ProcedureInfo>, started: Instant) -> Self {
+    fn whole(version: u64, infos: Vec<PackedInfo>, started: Instant) -> Self {
         let mut snapshot = Self::empty(version, started);
         let mut chunk: Vec<Row> = Vec::new();
         for info in infos {
-            let k = info.id.get() / CHUNK;
+            let k = info.id().get() / CHUNK;
             if chunk.last().is_some_and(|last| last.id() / CHUNK != k) {
                 snapshot.close_chunk(std::mem::take(&mut chunk));
             }
@@ -324,7 +329,7 @@ impl Snapshot {
     fn updated(
         &self,
         version: u64,
-        changed: Vec<(u64, Option<ProcedureInfo>)>,
+        changed: Vec<(u64, Option<PackedInfo>)>,
         started: Instant,
     ) -> Self {
         let mut next = Self {
@@ -369,16 +374,16 @@ impl Snapshot {
     }
 
     /// Adds `info` to the counts, the children index and the names.
-    fn count(&mut self, info: &ProcedureInfo) {
-        *self.by_status.entry(info.status.name()).or_default() += 1;
-        *self.by_machine.entry(info.machine).or_default() += 1;
-        if let Some(parent) = info.parent {
+    fn count(&mut self, info: &PackedInfo) {
+        *self.by_status.entry(info.status_name()).or_default() += 1;
+        *self.by_machine.entry(info.machine()).or_default() += 1;
+        if let Some(parent) = info.parent() {
             let children = self.children.entry(parent.get()).or_default();
-            if let Err(at) = children.binary_search(&info.id) {
-                children.insert(at, info.id);
+            if let Err(at) = children.binary_search(&info.id()) {
+                children.insert(at, info.id());
             }
         }
-        for name in [info.machine, info.state, info.status.name()] {
+        for name in [info.machine(), info.state(), info.status_name()] {
             // Most rows repeat names already in: a lookup, not an insert.
             if !self.names.contains(name) {
                 self.names.insert(name);
@@ -387,7 +392,7 @@ impl Snapshot {
     }
 
     /// Takes `info` out of the counts and the children index.
-    fn forget(&mut self, info: &ProcedureInfo) {
+    fn forget(&mut self, info: &PackedInfo) {
         fn down(counts: &mut BTreeMap<&'static str, usize>, key: &'static str) {
             if let Some(count) = counts.get_mut(key) {
                 *count -= 1;
@@ -396,12 +401,12 @@ impl Snapshot {
                 }
             }
         }
-        down(&mut self.by_status, info.status.name());
-        down(&mut self.by_machine, info.machine);
-        if let Some(parent) = info.parent
+        down(&mut self.by_status, info.status_name());
+        down(&mut self.by_machine, info.machine());
+        if let Some(parent) = info.parent()
             && let Some(children) = self.children.get_mut(&parent.get())
         {
-            children.retain(|child| *child != info.id);
+            children.retain(|child| *child != info.id());
             if children.is_empty() {
                 self.children.remove(&parent.get());
             }
@@ -709,7 +714,7 @@ pub(super) async fn list<E: Send + Sync + 'static>(
         snapshot.remember_matched(key, matched);
         matched
     });
-    let next = (page.len() > limit).then(|| page[limit - 1].0.id);
+    let next = (page.len() > limit).then(|| page[limit - 1].0.id());
     let page = &page[..page.len().min(limit)];
     Ok(Json(json!({
         "version": snapshot.version,
@@ -724,7 +729,12 @@ pub(super) async fn list<E: Send + Sync + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::executor::ProcedureInfo;
     use std::time::SystemTime;
+
+    fn packed(infos: impl IntoIterator<Item = ProcedureInfo>) -> Vec<PackedInfo> {
+        infos.into_iter().map(PackedInfo::pack).collect()
+    }
 
     fn info(id: u64, parent: Option<u64>, steps: u64, suspended: bool) -> ProcedureInfo {
         ProcedureInfo {
@@ -750,7 +760,7 @@ mod tests {
     fn contents(snapshot: &Snapshot) -> String {
         let all = ListQuery::default();
         let rows: Vec<String> = (snapshot.ascending(0, &all, None))
-            .map(|row| format!("{}:{}:{}", row.id(), row.0.steps, row.0.status.name()))
+            .map(|row| format!("{}:{}:{}", row.id(), row.0.steps(), row.0.status_name()))
             .collect();
         let mut children: Vec<_> = snapshot.children.iter().collect();
         children.sort();
@@ -785,8 +795,11 @@ mod tests {
                 };
                 changed.insert(id, now);
             }
-            snapshot = snapshot.updated(round, changed.into_iter().collect(), now);
-            let whole = Snapshot::whole(round, table.values().cloned().collect(), now);
+            let changed = changed
+                .into_iter()
+                .map(|(id, info)| (id, info.map(PackedInfo::pack)));
+            snapshot = snapshot.updated(round, changed.collect(), now);
+            let whole = Snapshot::whole(round, packed(table.values().cloned()), now);
             assert_eq!(contents(&snapshot), contents(&whole), "round {round}");
         }
     }
@@ -809,7 +822,7 @@ mod tests {
         infos[3].status = Status::Suspended {
             event: "alphabet".into(),
         };
-        let snapshot = Snapshot::whole(0, infos, Instant::now());
+        let snapshot = Snapshot::whole(0, packed(infos), Instant::now());
         let all = ListQuery::default();
         let found = |text: &str| {
             let needle = Needle::new(text, &snapshot);
@@ -836,8 +849,8 @@ mod tests {
     #[test]
     fn rows_are_read_from_any_id_up_or_down_across_chunks() {
         let ids = [1, 5, CHUNK - 1, CHUNK, 3 * CHUNK + 7];
-        let infos = ids.iter().map(|&id| info(id, None, 0, false)).collect();
-        let snapshot = Snapshot::whole(0, infos, Instant::now());
+        let infos = ids.iter().map(|&id| info(id, None, 0, false));
+        let snapshot = Snapshot::whole(0, packed(infos), Instant::now());
         let all = ListQuery::default();
         let up = |from| (snapshot.ascending(from, &all, None).map(Row::id)).collect::<Vec<_>>();
         let down = |to| (snapshot.descending(to, &all, None).map(Row::id)).collect::<Vec<_>>();

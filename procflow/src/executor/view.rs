@@ -2,6 +2,8 @@
 //! with the status, trouble and locks only the running executor knows.
 
 use super::error::ExecutorError;
+#[cfg(feature = "admin")]
+use super::packed::PackedInfo;
 use super::{Executor, Status};
 use crate::ProcedureId;
 #[cfg(feature = "admin")]
@@ -159,7 +161,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
 
     /// Every procedure's snapshot, by id; noting starts afresh.
     #[cfg(feature = "admin")]
-    fn snapshot_whole(&self) -> Vec<super::ProcedureInfo> {
+    fn snapshot_whole(&self) -> Vec<PackedInfo> {
         let mut ids: Vec<u64> = {
             let mut table = self.inner.table();
             table.journal.restart();
@@ -173,14 +175,14 @@ impl<E: Send + Sync + 'static> Executor<E> {
     /// Procedures `ids`' snapshots (`None` for those gone), a few thousand per lock; each
     /// read clears its entry's `noted` flag, so its next change is noted again.
     #[cfg(feature = "admin")]
-    fn infos_of(&self, ids: &[u64]) -> Vec<(u64, Option<super::ProcedureInfo>)> {
+    fn infos_of(&self, ids: &[u64]) -> Vec<(u64, Option<PackedInfo>)> {
         let mut all = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(4096) {
             let mut table = self.inner.table();
             let mut info = |id: &u64| {
                 let entry = table.procs.get_mut(id)?;
                 entry.noted = false;
-                Some(entry.info.borrow().unpack())
+                Some(entry.info.borrow().clone())
             };
             all.extend(chunk.iter().map(|id| (*id, info(id))));
         }
@@ -224,7 +226,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
 #[cfg(feature = "admin")]
 pub(crate) enum Taken {
     /// Every procedure's snapshot, by id.
-    Everything(Vec<super::ProcedureInfo>),
+    Everything(Vec<PackedInfo>),
     /// The procedures that changed, by id, each with its snapshot or `None` if it is gone.
-    Changed(Vec<(u64, Option<super::ProcedureInfo>)>),
+    Changed(Vec<(u64, Option<PackedInfo>)>),
 }

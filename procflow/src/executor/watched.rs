@@ -6,9 +6,9 @@
 //! they wait. So the entry keeps the snapshot itself, and makes the channel when the
 //! first subscriber asks (`Executor::subscribe`), from then on sending every
 //! change through it. The API mirrors `watch::Sender`'s, so callers read the same. The
-//! snapshot is kept packed (see [`Snapshot`]).
+//! snapshot is kept packed (see [`PackedInfo`]).
 
-use super::snapshot::Snapshot;
+use super::packed::PackedInfo;
 use super::status::ProcedureInfo;
 #[cfg(feature = "admin")]
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,7 +35,7 @@ fn changed() {
 
 /// See the [module docs](self).
 pub(crate) struct Watched {
-    current: Snapshot,
+    current: PackedInfo,
     channel: Option<watch::Sender<ProcedureInfo>>,
 }
 
@@ -43,13 +43,13 @@ impl Watched {
     pub(crate) fn new(info: ProcedureInfo) -> Self {
         changed();
         Self {
-            current: Snapshot::pack(info),
+            current: PackedInfo::pack(info),
             channel: None,
         }
     }
 
     /// The current snapshot.
-    pub(crate) fn borrow(&self) -> &Snapshot {
+    pub(crate) fn borrow(&self) -> &PackedInfo {
         &self.current
     }
 
@@ -72,9 +72,13 @@ impl Watched {
     }
 
     /// Replaces the snapshot if `replace` says so, telling the subscribers then.
-    fn send(&mut self, info: ProcedureInfo, replace: impl FnOnce(&Snapshot, &Snapshot) -> bool) {
+    fn send(
+        &mut self,
+        info: ProcedureInfo,
+        replace: impl FnOnce(&PackedInfo, &PackedInfo) -> bool,
+    ) {
         let channel = self.channel.as_ref().map(|channel| (channel, info.clone()));
-        let packed = Snapshot::pack(info);
+        let packed = PackedInfo::pack(info);
         if !replace(&self.current, &packed) {
             return;
         }

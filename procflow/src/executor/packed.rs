@@ -1,13 +1,13 @@
-//! A procedure's snapshot as its table entry keeps it: [`ProcedureInfo`]'s fields in
-//! under half its size.
+//! A procedure's snapshot as its table entry and the admin's list keep it:
+//! [`ProcedureInfo`]'s fields in under half its size.
 //!
 //! An entry lives as long as its procedure, a dormant one's too, and a restart may load
-//! a million. `ProcedureInfo` takes 216 bytes, most of it room for what few procedures
+//! a million; the admin's list keeps a row for each of them. `ProcedureInfo` takes 216 bytes, most of it room for what few procedures
 //! have: a stuck status and an error. The snapshot keeps the other statuses as a
 //! one-byte tag (and a suspended one's event name), the times as nanoseconds since the
 //! epoch, and boxes the rest: 104 bytes in all. It is packed once per published change
-//! and unpacked only for readers (`Executor::state`, `list`, the admin page,
-//! subscribers).
+//! and unpacked only for readers (`Executor::state`, `list`, the admin page's rows
+//! as it sends them, subscribers).
 
 use super::status::{Outcome, ProcedureInfo, Status, outcome_of};
 use crate::{Error, ProcedureId};
@@ -15,8 +15,8 @@ use std::borrow::Cow;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// See the [module docs](self).
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Snapshot {
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PackedInfo {
     id: ProcedureId,
     /// Its parent, or its own id when it has none: no procedure is its own parent, and
     /// an `Option` would take 8 bytes more.
@@ -43,7 +43,7 @@ enum Plain {
     Runnable,
     WaitingChildren,
     WaitingForLock,
-    /// Its event is in [`Snapshot::event`].
+    /// Its event is in [`PackedInfo::event`].
     Suspended,
     RollingBack,
     Succeeded,
@@ -53,7 +53,7 @@ enum Plain {
 }
 
 /// The parts of a snapshot few procedures have.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Rare {
     /// Set when the status is not [`Plain`].
     status: Option<Status>,
@@ -110,7 +110,7 @@ fn time(nanos: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_nanos(nanos)
 }
 
-impl Snapshot {
+impl PackedInfo {
     pub(crate) fn pack(info: ProcedureInfo) -> Self {
         let stamps = nanos(info.submitted).zip(nanos(info.updated));
         let (plain, event, status) = match Plain::of(info.status) {
@@ -144,12 +144,12 @@ impl Snapshot {
     pub(crate) fn unpack(&self) -> ProcedureInfo {
         let (submitted, updated) = self.times();
         ProcedureInfo {
-            id: self.id,
+            id: self.id(),
             parent: self.parent(),
-            machine: self.machine,
+            machine: self.machine(),
             status: self.status().into_owned(),
-            state: self.state,
-            steps: self.steps,
+            state: self.state(),
+            steps: self.steps(),
             error: self.error().cloned(),
             submitted,
             updated,
@@ -174,6 +174,38 @@ impl Snapshot {
             )
     }
 
+    /// Its status's name, as [`Status::name`], without making the status.
+    #[cfg(feature = "admin")]
+    pub(crate) fn status_name(&self) -> &'static str {
+        match self.rare.as_ref().and_then(|rare| rare.status.as_ref()) {
+            Some(status) => status.name(),
+            // Made without its event, which allocates nothing.
+            None => self.plain.status(None).name(),
+        }
+    }
+
+    /// The event it is suspended on, if it is.
+    #[cfg(feature = "admin")]
+    pub(crate) fn event(&self) -> Option<&str> {
+        self.event.as_deref()
+    }
+
+    pub(crate) fn id(&self) -> ProcedureId {
+        self.id
+    }
+
+    pub(crate) fn machine(&self) -> &'static str {
+        self.machine
+    }
+
+    pub(crate) fn state(&self) -> &'static str {
+        self.state
+    }
+
+    pub(crate) fn steps(&self) -> u64 {
+        self.steps
+    }
+
     pub(crate) fn parent(&self) -> Option<ProcedureId> {
         (self.parent != self.id).then_some(self.parent)
     }
@@ -182,7 +214,8 @@ impl Snapshot {
         self.rare.as_ref().and_then(|rare| rare.error.as_ref())
     }
 
-    fn times(&self) -> (SystemTime, SystemTime) {
+    /// When it was submitted, and when its record was last written.
+    pub(crate) fn times(&self) -> (SystemTime, SystemTime) {
         match self.rare.as_ref().and_then(|rare| rare.times) {
             Some(times) => times,
             None => (time(self.submitted), time(self.updated)),
@@ -222,11 +255,11 @@ mod tests {
 
     #[test]
     fn it_is_under_half_a_procedure_info() {
-        assert_eq!(size_of::<Snapshot>(), 104);
+        assert_eq!(size_of::<PackedInfo>(), 104);
         assert!(
-            size_of::<Snapshot>() * 2 <= size_of::<ProcedureInfo>(),
+            size_of::<PackedInfo>() * 2 <= size_of::<ProcedureInfo>(),
             "{} bytes against {}",
-            size_of::<Snapshot>(),
+            size_of::<PackedInfo>(),
             size_of::<ProcedureInfo>()
         );
     }
@@ -257,33 +290,38 @@ mod tests {
             info(Status::Runnable, None, far),
         ];
         for case in cases {
-            let packed = Snapshot::pack(case.clone());
+            let packed = PackedInfo::pack(case.clone());
             assert_eq!(packed.unpack(), case);
             assert_eq!(*packed.status(), case.status);
             assert_eq!(packed.is_finished(), case.status.is_finished());
             assert_eq!(packed.error(), case.error.as_ref());
             assert_eq!(packed.outcome(), case.outcome());
             assert_eq!(packed.parent(), case.parent);
+            #[cfg(feature = "admin")]
+            assert_eq!(packed.status_name(), case.status.name());
+            #[cfg(feature = "admin")]
+            assert_eq!(packed.event().is_some(), packed.status_name() == "suspended");
+            assert_eq!(packed.clone(), packed);
         }
     }
 
     #[test]
     fn the_common_case_needs_no_box_and_equal_infos_pack_equal() {
         let at = now();
-        let plain = Snapshot::pack(info(Status::WaitingForLock, None, at));
+        let plain = PackedInfo::pack(info(Status::WaitingForLock, None, at));
         assert!(plain.rare.is_none());
         let suspended = Status::Suspended { event: "e".into() };
-        assert!(Snapshot::pack(info(suspended, None, at)).rare.is_none());
+        assert!(PackedInfo::pack(info(suspended, None, at)).rare.is_none());
         assert_eq!(
             plain,
-            Snapshot::pack(info(Status::WaitingForLock, None, at))
+            PackedInfo::pack(info(Status::WaitingForLock, None, at))
         );
-        assert_ne!(plain, Snapshot::pack(info(Status::Runnable, None, at)));
+        assert_ne!(plain, PackedInfo::pack(info(Status::Runnable, None, at)));
         let failed = info(Status::Failed, Some(Error::fatal("x")), at);
-        assert_eq!(Snapshot::pack(failed.clone()), Snapshot::pack(failed));
+        assert_eq!(PackedInfo::pack(failed.clone()), PackedInfo::pack(failed));
         assert_ne!(
-            Snapshot::pack(info(Status::Failed, Some(Error::fatal("x")), at)),
-            Snapshot::pack(info(Status::Failed, Some(Error::fatal("y")), at))
+            PackedInfo::pack(info(Status::Failed, Some(Error::fatal("x")), at)),
+            PackedInfo::pack(info(Status::Failed, Some(Error::fatal("y")), at))
         );
     }
 }
