@@ -300,7 +300,10 @@ mod tests {
             #[cfg(feature = "admin")]
             assert_eq!(packed.status_name(), case.status.name());
             #[cfg(feature = "admin")]
-            assert_eq!(packed.event().is_some(), packed.status_name() == "suspended");
+            assert_eq!(
+                packed.event().is_some(),
+                packed.status_name() == "suspended"
+            );
             assert_eq!(packed.clone(), packed);
         }
     }
