@@ -2,12 +2,12 @@
 //! [`ProcedureInfo`]'s fields in under half its size.
 //!
 //! An entry lives as long as its procedure, a dormant one's too, and a restart may load
-//! a million; the admin's list keeps a row for each of them. `ProcedureInfo` takes 216 bytes, most of it room for what few procedures
-//! have: a stuck status and an error. The snapshot keeps the other statuses as a
-//! one-byte tag (and a suspended one's event name), the times as nanoseconds since the
-//! epoch, and boxes the rest: 104 bytes in all. It is packed once per published change
-//! and unpacked only for readers (`Executor::state`, `list`, the admin page's rows
-//! as it sends them, subscribers).
+//! a million; the admin's list keeps a row for each of them. `ProcedureInfo` takes 216
+//! bytes, most of it room for what few procedures have: a stuck status and an error.
+//! The snapshot keeps the other statuses as a one-byte tag (and a suspended one's event
+//! name), the times as nanoseconds since the epoch, and boxes the rest: 104 bytes in
+//! all. It is packed once per published change and unpacked only for readers
+//! (`Executor::state`, `list`, the admin page's rows as it sends them, subscribers).
 
 use super::status::{Outcome, ProcedureInfo, Status, outcome_of};
 use crate::{Error, ProcedureId};
@@ -18,8 +18,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct PackedInfo {
     id: ProcedureId,
-    /// Its parent, or its own id when it has none: no procedure is its own parent, and
-    /// an `Option` would take 8 bytes more.
+    /// Its parent, or its own id when it has none: no procedure is its own parent (a
+    /// damaged record that says so is marked in `rare`), and an `Option` would take 8
+    /// bytes more.
     parent: ProcedureId,
     machine: &'static str,
     state: &'static str,
@@ -60,6 +61,8 @@ struct Rare {
     error: Option<Error>,
     /// Set only when a time does not fit in 64 bits of nanoseconds since the epoch.
     times: Option<(SystemTime, SystemTime)>,
+    /// Its parent is itself: a damaged record, kept as it reads.
+    own_parent: bool,
 }
 
 impl Plain {
@@ -118,13 +121,16 @@ impl PackedInfo {
             // Unread while `rare` holds the status.
             Err(status) => (Plain::Runnable, None, Some(status)),
         };
-        let rare = (status.is_some() || info.error.is_some() || stamps.is_none()).then(|| {
-            Box::new(Rare {
-                status,
-                error: info.error,
-                times: stamps.is_none().then_some((info.submitted, info.updated)),
-            })
-        });
+        let own_parent = info.parent == Some(info.id);
+        let rare = (status.is_some() || info.error.is_some() || stamps.is_none() || own_parent)
+            .then(|| {
+                Box::new(Rare {
+                    status,
+                    error: info.error,
+                    times: stamps.is_none().then_some((info.submitted, info.updated)),
+                    own_parent,
+                })
+            });
         let (submitted, updated) = stamps.unwrap_or_default();
         Self {
             id: info.id,
@@ -207,7 +213,8 @@ impl PackedInfo {
     }
 
     pub(crate) fn parent(&self) -> Option<ProcedureId> {
-        (self.parent != self.id).then_some(self.parent)
+        let own = self.rare.as_ref().is_some_and(|rare| rare.own_parent);
+        (self.parent != self.id || own).then_some(self.parent)
     }
 
     pub(crate) fn error(&self) -> Option<&Error> {
@@ -285,6 +292,10 @@ mod tests {
             ProcedureInfo {
                 parent: None,
                 ..info(Status::Failed, None, now())
+            },
+            ProcedureInfo {
+                parent: Some(ProcedureId::new(7)), // Its own id: damaged, kept as it reads.
+                ..info(Status::Runnable, None, now())
             },
             info(Status::Runnable, None, UNIX_EPOCH - Duration::from_secs(5)),
             info(Status::Runnable, None, far),
