@@ -555,6 +555,37 @@ mod tests {
         assert_eq!(got, None);
     }
 
+    /// A record larger than the writer's kept buffer (a compaction's, or a huge batch's)
+    /// does not leave the buffer that large once it is written.
+    #[tokio::test]
+    async fn a_large_record_does_not_pin_the_writers_buffer() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = WalConfig {
+            sync: SyncMode::NoSync,
+            ..WalConfig::default()
+        };
+        let store = WalStore::open(dir.path(), config).unwrap();
+        let large = vec![7; 3 * writer::BUFFER_KEPT];
+        store
+            .commit(Batch::new().put(1, None, large))
+            .await
+            .unwrap();
+        let capacity = store.inner.lock_log().writer.buffer_capacity();
+        assert!(
+            capacity <= writer::BUFFER_KEPT,
+            "{capacity} bytes kept after a {} byte record",
+            3 * writer::BUFFER_KEPT
+        );
+        store
+            .commit(Batch::new().put(2, None, vec![1; 100]))
+            .await
+            .unwrap();
+        assert_eq!(
+            store.get(1).await.unwrap().unwrap().value.len(),
+            3 * writer::BUFFER_KEPT
+        );
+    }
+
     /// A recovered value is copied out of its segment's buffer (into an arena of the
     /// segment's live values, issue 33) and keeps those bytes when compaction rewrites it
     /// forward and deletes its segment: no value in memory comes to point into a buffer
