@@ -8,13 +8,16 @@ use procflow_store::Batch;
 use std::cmp::Reverse;
 use std::sync::Arc;
 
-/// Runs until the executor stops, cleaning up every `Config::cleanup_interval`.
+/// Runs until the executor stops, cleaning up every `Config::cleanup_interval`: the
+/// finished procedures past their retention, and the snapshot channels no one listens to
+/// any more ([`Table::sweep_unwatched`]).
 pub(crate) async fn run<E: Send + Sync + 'static>(inner: Arc<Inner<E>>) {
     loop {
         tokio::select! {
             () = tokio::time::sleep(inner.config.cleanup_interval) => {}
             () = inner.stopping() => return,
         }
+        inner.table().sweep_unwatched();
         if clean(&inner).await.is_err() {
             return;
         }

@@ -135,6 +135,9 @@ pub(crate) struct Table {
     pub(crate) reserved_id: u64,
     /// The procedures whose snapshots changed since the admin's list last took them.
     pub(crate) journal: super::journal::Journal,
+    /// The procedures a channel was made for by `Executor::subscribe`, for
+    /// [`Table::sweep_unwatched`] to drop the channels no one listens to any more.
+    pub(crate) watched: Vec<u64>,
     /// Ended procedures by the time they ended (ms since the epoch), earliest first, for
     /// retention (`cleanup.rs`); an entry may be queued more than once, or be revived
     /// since: retention checks its `finished_ms` before it deletes.
@@ -386,6 +389,18 @@ impl Table {
         self.nonce_of.remove(&id);
         self.noted(id);
         entry
+    }
+
+    /// Drops the channels of the procedures in [`Table::watched`] whose receivers are all
+    /// gone (see `watched.rs`), and forgets those procedures. A pass over the subscribed
+    /// procedures only, not the table.
+    pub(crate) fn sweep_unwatched(&mut self) {
+        let procs = &mut self.procs;
+        self.watched.retain(|id| {
+            procs
+                .get_mut(id)
+                .is_some_and(|entry| entry.info.drop_unwatched())
+        });
     }
 
     /// Makes room for `additional` more procedures at once (a start loading every
@@ -699,6 +714,55 @@ impl<E> Inner<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn entry(id: u64) -> Box<Entry> {
+        Box::new(Entry::new(
+            ProcedureInfo {
+                id: crate::ProcedureId::new(id),
+                parent: None,
+                machine: "m",
+                status: super::super::Status::Runnable,
+                state: "S",
+                steps: 0,
+                error: None,
+                submitted: std::time::SystemTime::now(),
+                updated: std::time::SystemTime::now(),
+            },
+            None,
+        ))
+    }
+
+    /// The sweep drops the channels no one listens to, keeps those with receivers, and
+    /// forgets procedures that are gone; what it forgot a new subscriber notes again.
+    #[test]
+    fn the_sweep_drops_only_the_channels_no_one_listens_to() {
+        let mut table = Table::default();
+        for id in 1..=3 {
+            table.procs.insert(id, entry(id));
+        }
+        let subscribe = |table: &mut Table, id: u64| {
+            let (receiver, made) = table.procs.get_mut(&id).unwrap().info.subscribe();
+            if made {
+                table.watched.push(id);
+            }
+            receiver
+        };
+        let kept = subscribe(&mut table, 1);
+        drop(subscribe(&mut table, 2));
+        drop(subscribe(&mut table, 3));
+        table.remove(3);
+        table.sweep_unwatched();
+        assert_eq!(table.watched, [1]);
+        let has_channel =
+            |table: &mut Table, id| table.procs.get_mut(&id).unwrap().info.drop_unwatched();
+        assert!(has_channel(&mut table, 1), "a receiver is left");
+        assert!(!has_channel(&mut table, 2), "its channel was dropped");
+        drop(kept);
+        table.sweep_unwatched();
+        assert!(table.watched.is_empty());
+        drop(subscribe(&mut table, 2));
+        assert_eq!(table.watched, [2], "a new channel is noted again");
+    }
 
     /// Room taken for many waiters is given back when few came, and kept when most did.
     #[test]

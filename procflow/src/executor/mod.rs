@@ -289,13 +289,19 @@ impl<E: Send + Sync + 'static> Executor<E> {
 
     /// A receiver of procedure `id`'s snapshots. It always holds the latest one, so the
     /// final (finished) snapshot is never missed, however late the receiver looks.
+    ///
+    /// Receivers share one channel per procedure. Once all of them are dropped the
+    /// channel is freed, at the procedure's next change or within
+    /// [`Config::cleanup_interval`], so watching a procedure for a while costs nothing
+    /// after.
     #[must_use]
     pub fn subscribe(&self, id: ProcedureId) -> Option<watch::Receiver<ProcedureInfo>> {
-        self.inner
-            .table()
-            .procs
-            .get_mut(&id.get())
-            .map(|entry| entry.info.subscribe())
+        let mut table = self.inner.table();
+        let (receiver, made) = table.procs.get_mut(&id.get())?.info.subscribe();
+        if made {
+            table.watched.push(id.get());
+        }
+        Some(receiver)
     }
 
     /// Wakes every procedure suspended on `event`, and returns how many it woke once
