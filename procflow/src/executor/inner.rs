@@ -391,6 +391,20 @@ impl Table {
         entry
     }
 
+    /// A receiver of procedure `id`'s snapshots, if it is in the table
+    /// (`Executor::subscribe`); a channel made for it is noted for
+    /// [`Table::sweep_unwatched`].
+    pub(crate) fn subscribe(
+        &mut self,
+        id: u64,
+    ) -> Option<tokio::sync::watch::Receiver<ProcedureInfo>> {
+        let (receiver, made) = self.procs.get_mut(&id)?.info.subscribe();
+        if made {
+            self.watched.push(id);
+        }
+        Some(receiver)
+    }
+
     /// Drops the channels of the procedures in [`Table::watched`] whose receivers are all
     /// gone (see `watched.rs`), and forgets those procedures. A pass over the subscribed
     /// procedures only, not the table.
@@ -740,16 +754,9 @@ mod tests {
         for id in 1..=3 {
             table.procs.insert(id, entry(id));
         }
-        let subscribe = |table: &mut Table, id: u64| {
-            let (receiver, made) = table.procs.get_mut(&id).unwrap().info.subscribe();
-            if made {
-                table.watched.push(id);
-            }
-            receiver
-        };
-        let kept = subscribe(&mut table, 1);
-        drop(subscribe(&mut table, 2));
-        drop(subscribe(&mut table, 3));
+        let kept = table.subscribe(1).unwrap();
+        drop(table.subscribe(2));
+        drop(table.subscribe(3));
         table.remove(3);
         table.sweep_unwatched();
         assert_eq!(table.watched, [1]);
@@ -760,8 +767,9 @@ mod tests {
         drop(kept);
         table.sweep_unwatched();
         assert!(table.watched.is_empty());
-        drop(subscribe(&mut table, 2));
+        drop(table.subscribe(2));
         assert_eq!(table.watched, [2], "a new channel is noted again");
+        assert!(table.subscribe(4).is_none(), "no procedure, no channel");
     }
 
     /// Room taken for many waiters is given back when few came, and kept when most did.

@@ -296,12 +296,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
     /// after.
     #[must_use]
     pub fn subscribe(&self, id: ProcedureId) -> Option<watch::Receiver<ProcedureInfo>> {
-        let mut table = self.inner.table();
-        let (receiver, made) = table.procs.get_mut(&id.get())?.info.subscribe();
-        if made {
-            table.watched.push(id.get());
-        }
-        Some(receiver)
+        self.inner.table().subscribe(id.get())
     }
 
     /// Wakes every procedure suspended on `event`, and returns how many it woke once
