@@ -164,30 +164,32 @@ impl PackedInfo {
 
     /// Its status; made afresh only for a suspended procedure.
     pub(crate) fn status(&self) -> Cow<'_, Status> {
+        self.status_with(self.event.as_deref())
+    }
+
+    /// Its status, with `event` for a suspended one's.
+    fn status_with(&self, event: Option<&str>) -> Cow<'_, Status> {
         match self.rare.as_ref().and_then(|rare| rare.status.as_ref()) {
             Some(status) => Cow::Borrowed(status),
-            None => self.plain.status(self.event.as_deref()),
+            None => self.plain.status(event),
         }
     }
 
-    /// Whether the procedure has ended (as [`Status::is_finished`], without making the
-    /// status).
-    pub(crate) fn is_finished(&self) -> bool {
-        self.rare.as_ref().is_none_or(|rare| rare.status.is_none())
-            && matches!(
-                self.plain,
-                Plain::Succeeded | Plain::RolledBack | Plain::Failed | Plain::Bypassed
-            )
+    /// Its status without a suspended one's event, which allocates nothing: for what
+    /// does not read the event.
+    fn status_shape(&self) -> Cow<'_, Status> {
+        self.status_with(None)
     }
 
-    /// Its status's name, as [`Status::name`], without making the status.
+    /// Whether the procedure has ended (as [`Status::is_finished`]).
+    pub(crate) fn is_finished(&self) -> bool {
+        self.status_shape().is_finished()
+    }
+
+    /// Its status's name, as [`Status::name`].
     #[cfg(feature = "admin")]
     pub(crate) fn status_name(&self) -> &'static str {
-        match self.rare.as_ref().and_then(|rare| rare.status.as_ref()) {
-            Some(status) => status.name(),
-            // Made without its event, which allocates nothing.
-            None => self.plain.status(None).name(),
-        }
+        self.status_shape().name()
     }
 
     /// The event it is suspended on, if it is.
@@ -231,10 +233,7 @@ impl PackedInfo {
 
     /// How the procedure ended, once it has (as [`ProcedureInfo::outcome`]).
     pub(crate) fn outcome(&self) -> Option<Outcome> {
-        if !self.is_finished() {
-            return None;
-        }
-        outcome_of(&self.status(), self.error())
+        outcome_of(&self.status_shape(), self.error())
     }
 }
 

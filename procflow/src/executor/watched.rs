@@ -96,14 +96,13 @@ impl Watched {
         info: ProcedureInfo,
         replace: impl FnOnce(&PackedInfo, &PackedInfo) -> bool,
     ) {
-        self.drop_unwatched();
-        let channel = self.channel.as_ref().map(|channel| (channel, info.clone()));
         let packed = PackedInfo::pack(info);
         if !replace(&self.current, &packed) {
             return;
         }
-        if let Some((channel, info)) = channel {
-            channel.send_replace(info);
+        self.drop_unwatched();
+        if let Some(channel) = &self.channel {
+            channel.send_replace(packed.unpack());
         }
         self.current = packed;
         changed();
