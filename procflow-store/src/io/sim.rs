@@ -148,11 +148,13 @@ impl SimBackend {
     }
 
     /// Like [`SimBackend::crash_image`], but the disk had also written back some of the
-    /// data appended since each file's last sync, in no particular order: the unsynced
-    /// part of a file is cut into `page_size` pages (at file offsets that are multiples
-    /// of `page_size`), and `keep(path, page)` says whether page number `page` reached
-    /// the disk. A page that did not reads as zeros where it was unsynced; the file keeps
-    /// its live length if any unsynced page was kept.
+    /// data written since each file's last sync, in no particular order: the unsynced
+    /// part of a file (from the first byte where its live and durable images differ:
+    /// appends, and writes over space allocated ahead) is cut into `page_size` pages (at
+    /// file offsets that are multiples of `page_size`), and `keep(path, page)` says
+    /// whether page number `page` reached the disk. A page that did not reads as it was
+    /// synced (zeros past the synced length); the file keeps its live length if a page
+    /// past its synced length was kept.
     ///
     /// # Panics
     ///
@@ -221,25 +223,33 @@ impl SimBackend {
 /// What a power loss leaves of `inode` when the pages `keep` selects of its unsynced
 /// appends were written back.
 fn written_back(inode: &Inode, page_size: usize, mut keep: impl FnMut(usize) -> bool) -> Vec<u8> {
-    let synced = inode.durable.len();
-    // Only appends after the synced data are modelled; after a truncation below it the
-    // durable image is all there is.
-    if !inode.live.starts_with(&inode.durable) || inode.live.len() == synced {
-        return inode.durable.clone();
+    let (live, durable) = (&inode.live, &inode.durable);
+    // After a truncation below the synced length the durable image is all there is.
+    if live.len() < durable.len() {
+        return durable.clone();
     }
-    let mut data = inode.live.clone();
-    let mut any_kept = false;
-    for page in synced / page_size..data.len().div_ceil(page_size) {
-        let start = (page * page_size).max(synced);
-        let end = ((page + 1) * page_size).min(data.len());
+    // Unsynced writes start where the two images part: past the synced length for an
+    // append, or inside it where records were written over space allocated ahead
+    // (zeros in the durable image).
+    let from = live.iter().zip(durable).take_while(|(a, b)| a == b).count();
+    if from == live.len() {
+        return durable.clone();
+    }
+    let mut data = live.clone();
+    let mut kept_past_durable = false;
+    for page in from / page_size..live.len().div_ceil(page_size) {
+        let start = (page * page_size).max(from);
+        let end = ((page + 1) * page_size).min(live.len());
         if keep(page) {
-            any_kept = true;
+            kept_past_durable |= end > durable.len();
         } else {
-            data[start..end].fill(0);
+            for (at, byte) in data[start..end].iter_mut().enumerate() {
+                *byte = durable.get(start + at).copied().unwrap_or(0);
+            }
         }
     }
-    if !any_kept {
-        data.truncate(synced);
+    if !kept_past_durable {
+        data.truncate(durable.len());
     }
     data
 }
@@ -442,5 +452,47 @@ impl IoBackend for SimBackend {
         let subdirs: Vec<PathBuf> = fs.dirs.iter().filter(|d| in_dir(d)).cloned().collect();
         fs.durable_dirs.extend(subdirs);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inode(durable: &[u8], live: &[u8]) -> Inode {
+        Inode {
+            live: live.to_vec(),
+            durable: durable.to_vec(),
+        }
+    }
+
+    /// Appended pages reach the disk or not, each on its own; the file keeps its live
+    /// length only if a page past the synced length was kept.
+    #[test]
+    fn appended_pages_are_kept_or_zeros() {
+        let file = inode(b"ab", b"abcdefgh");
+        assert_eq!(written_back(&file, 2, |page| page != 2), b"abcd\0\0gh");
+        assert_eq!(written_back(&file, 2, |_| false), b"ab");
+        assert_eq!(written_back(&file, 3, |page| page == 0), b"abc\0\0\0\0\0");
+    }
+
+    /// Records written over space allocated ahead (synced zeros) are unsynced too: a
+    /// page not written back reads as its synced zeros, and the file keeps its length.
+    #[test]
+    fn pages_written_over_allocated_space_are_unsynced() {
+        let file = inode(b"ab\0\0\0\0\0\0", b"abcdefgh");
+        assert_eq!(written_back(&file, 2, |page| page != 1), b"ab\0\0efgh");
+        assert_eq!(written_back(&file, 2, |_| false), b"ab\0\0\0\0\0\0");
+        assert_eq!(
+            written_back(&inode(b"ab\0\0", b"abcdef"), 2, |page| page == 1),
+            b"abcd"
+        );
+    }
+
+    /// A file cut below its synced length keeps its synced image.
+    #[test]
+    fn a_truncated_file_keeps_its_synced_image() {
+        let file = inode(b"abcdef", b"abc");
+        assert_eq!(written_back(&file, 2, |_| true), b"abcdef");
     }
 }

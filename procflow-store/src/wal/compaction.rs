@@ -144,8 +144,60 @@ pub(crate) fn compact(
     Ok(removed)
 }
 
-/// Rewrites the latest changes still in `segment` as one record at the end of the log,
-/// makes that durable, and deletes the segment.
+/// The most bytes of changes ([`estimated_size`]) one compaction record carries, beyond
+/// its first change. A segment's live data is rewritten as a run of records of about
+/// this size rather than one record of it all:
+/// - recovery checks a record's checksum before it decodes any of it, so a cold restart
+///   read a record of tens of MB from the disk first and decoded it afterwards, where
+///   records of a MiB are decoded while the disk reads the next ones (issue 33: 28 MB of
+///   the 41 MB bench log was one compaction record, and the cold open took the read's
+///   time and the decoding's one after the other);
+/// - the record's bytes are held twice while written, once encoded and once in the
+///   writer's buffer: a segment's live data twice over, now a MiB.
+const COMPACTION_RECORD_BYTES: u64 = 1 << 20;
+
+/// The bound on one compaction record's changes for segments of `segment_size`: a
+/// quarter of a segment at most, so small segments (tests use 1 KiB ones) rewrite their
+/// live data as several records too, and records fill segments evenly.
+fn record_bound(segment_size: u64) -> u64 {
+    COMPACTION_RECORD_BYTES.min(segment_size / 4)
+}
+
+/// Splits `changes` into runs of at least one change and at most `bound` estimated
+/// bytes beyond their first; no changes make one empty run. Compaction writes a record
+/// per run, and at least one: it carries the store's fencing token, which the
+/// compacted segment's records may have been the last to carry.
+fn runs(changes: &[Change], bound: u64) -> impl Iterator<Item = &[Change]> {
+    let mut rest = changes;
+    let mut empty = changes.is_empty().then_some(changes);
+    std::iter::from_fn(move || {
+        if let Some(none) = empty.take() {
+            return Some(none);
+        }
+        let (first, after) = rest.split_first()?;
+        let mut size = estimated_size(first);
+        let len = 1 + after
+            .iter()
+            .take_while(|change| {
+                size += estimated_size(change);
+                size <= bound
+            })
+            .count();
+        let (run, tail) = rest.split_at(len);
+        rest = tail;
+        Some(run)
+    })
+}
+
+/// Rewrites the latest changes still in `segment` as records at the end of the log
+/// ([`COMPACTION_RECORD_BYTES`] each), makes them durable, and deletes the segment.
+///
+/// Why several records are as safe as one: the segment is deleted only once all of them
+/// are durable. A crash before that leaves the segment in place, and whichever of its
+/// copies reached the disk carry the same values as the segment (only a key's latest
+/// change is rewritten), so replaying them changes nothing. The records are one group
+/// (no sync between them, so only the first can start a group): damage in one of them
+/// with others after it is still a torn tail.
 ///
 /// The values in memory stay as they are: each owns its bytes (recovery copies them out
 /// of the segments it reads), so none keeps a deleted segment's file in memory. Making
@@ -162,15 +214,14 @@ fn rewrite_forward(
         .iter()
         .filter_map(|key| state.current(key))
         .collect();
-    let bytes = record::encode(
-        KIND_COMPACTION,
-        writer.next_seq(),
-        state.highest_token,
-        &changes,
-    )?;
-    let landed = writer.write(&bytes)?;
-    for change in &changes {
-        index.note(landed, change);
+    for run in runs(&changes, record_bound(writer.segment_size())) {
+        let bytes = record::encode(KIND_COMPACTION, writer.next_seq(), state.highest_token, run)?;
+        let landed = writer.write(&bytes)?;
+        // To the file now: the buffer holds one record, not the segment's live data.
+        writer.flush()?;
+        for change in run {
+            index.note(landed, change);
+        }
     }
     writer.sync_active()?;
     writer.remove_segment(segment)?;
@@ -188,6 +239,44 @@ mod tests {
             finished: false,
             value: vec![0; len].into(),
         }
+    }
+
+    /// Runs hold at least one change, and more only while their estimated bytes beyond
+    /// the first stay within the bound; together they are the changes, in order.
+    #[test]
+    fn runs_are_bounded_and_keep_every_change_in_order() {
+        let changes: Vec<Change> = [100, 100, 100, 1000, 10, 10]
+            .iter()
+            .enumerate()
+            .map(|(id, &len)| put(id as u64, len))
+            .collect();
+        let sizes: Vec<Vec<u64>> = runs(&changes, 2 * (CHANGE_OVERHEAD + 100))
+            .map(|run| run.iter().map(estimated_size).collect())
+            .collect();
+        let (small, large, tiny) = (
+            CHANGE_OVERHEAD + 100,
+            CHANGE_OVERHEAD + 1000,
+            CHANGE_OVERHEAD + 10,
+        );
+        assert_eq!(
+            sizes,
+            vec![
+                vec![small, small],
+                vec![small],
+                vec![large],
+                vec![tiny, tiny]
+            ],
+            "a change larger than the bound makes a record of its own"
+        );
+        let ids: Vec<Change> = runs(&changes, 1).flatten().cloned().collect();
+        assert_eq!(ids, changes);
+        assert_eq!(
+            runs(&[], 1).collect::<Vec<_>>(),
+            [&[] as &[Change]],
+            "one empty record"
+        );
+        assert_eq!(record_bound(1 << 30), COMPACTION_RECORD_BYTES);
+        assert_eq!(record_bound(4096), 1024);
     }
 
     #[test]

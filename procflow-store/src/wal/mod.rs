@@ -586,6 +586,71 @@ mod tests {
         );
     }
 
+    /// Issue 33: compaction rewrites a segment's live data as several records of a
+    /// bounded size, not one record of it all, and a reopened store reads every value
+    /// back from them.
+    #[tokio::test]
+    async fn compaction_rewrites_live_data_as_bounded_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = WalConfig {
+            segment_size: 4096,
+            sync: SyncMode::NoSync,
+            ..WalConfig::default()
+        };
+        let store = WalStore::open(dir.path(), config.clone()).unwrap();
+        let idle = |id: u64| vec![id as u8; 100];
+        for id in 10..30 {
+            store
+                .commit(Batch::new().put(id, None, idle(id)))
+                .await
+                .unwrap();
+        }
+        let first_segment = || store.inner.lock_log().writer.segments()[0].number;
+        let oldest = first_segment();
+        for n in 0..=u8::MAX {
+            assert!(n < u8::MAX, "the first segment was never compacted");
+            store
+                .commit(Batch::new().put(1, None, vec![n; 1000]))
+                .await
+                .unwrap();
+            if first_segment() != oldest {
+                break;
+            }
+        }
+        let segments: Vec<u64> = {
+            let log = store.inner.lock_log();
+            log.writer.segments().iter().map(|s| s.number).collect()
+        };
+        store.close().await.unwrap();
+        drop(store);
+
+        let mut compaction_records = Vec::new();
+        for &number in &segments {
+            let path = segment::path(dir.path(), number);
+            let bytes = bytes::Bytes::from(std::fs::read(&path).unwrap());
+            let scan = recovery::scan_segment(&path, number, &bytes, false).unwrap();
+            compaction_records.extend(
+                scan.records
+                    .iter()
+                    .filter(|r| r.header.kind == record::KIND_COMPACTION)
+                    .map(|r| r.header.payload_len),
+            );
+        }
+        assert!(
+            compaction_records.len() >= 2,
+            "the 20 idle values (2 KiB and more) in one record: {compaction_records:?}"
+        );
+        // A quarter of the segment's estimated bytes, plus one change's encoding.
+        assert!(
+            compaction_records.iter().all(|&len| len <= 1024 + 200),
+            "{compaction_records:?}"
+        );
+        let store = WalStore::open(dir.path(), config).unwrap();
+        for id in 10..30 {
+            assert_eq!(store.get(id).await.unwrap().unwrap().value, idle(id));
+        }
+    }
+
     /// A recovered value is copied out of its segment's buffer (into an arena of the
     /// segment's live values, issue 33) and keeps those bytes when compaction rewrites it
     /// forward and deletes its segment: no value in memory comes to point into a buffer

@@ -109,6 +109,11 @@ impl Writer {
         self.next_seq
     }
 
+    /// The size at which the active segment rolls.
+    pub(crate) fn segment_size(&self) -> u64 {
+        self.segment_size
+    }
+
     pub(crate) fn segments(&self) -> &[SegmentInfo] {
         &self.segments
     }
