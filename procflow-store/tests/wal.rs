@@ -340,7 +340,11 @@ async fn fencing_token_survives_compaction_of_its_segment() {
                 "{} (a value kept: {with_value}): {err}",
                 env.name
             );
-            let kept = store.get(1).await.unwrap().map(|record| record.value.to_vec());
+            let kept = store
+                .get(1)
+                .await
+                .unwrap()
+                .map(|record| record.value.to_vec());
             assert_eq!(kept, with_value.then(|| vec![1; 10]));
         }
     }

@@ -586,17 +586,37 @@ mod tests {
         );
     }
 
+    /// Segments of 4 KiB, not synced: a few commits roll them and compact the first.
+    fn small_segments() -> WalConfig {
+        WalConfig {
+            segment_size: 4096,
+            sync: SyncMode::NoSync,
+            ..WalConfig::default()
+        }
+    }
+
+    /// Puts 1,000 bytes to procedure `id` again and again until the oldest segment is
+    /// compacted away.
+    async fn churn_until_compacted(store: &WalStore, id: u64) {
+        let first_segment = || store.inner.lock_log().writer.segments()[0].number;
+        let oldest = first_segment();
+        for n in 0..=u8::MAX {
+            assert!(n < u8::MAX, "the first segment was never compacted");
+            let batch = Batch::new().put(id, None, vec![n; 1000]);
+            store.commit(batch).await.unwrap();
+            if first_segment() != oldest {
+                return;
+            }
+        }
+    }
+
     /// Issue 33: compaction rewrites a segment's live data as several records of a
     /// bounded size, not one record of it all, and a reopened store reads every value
     /// back from them.
     #[tokio::test]
     async fn compaction_rewrites_live_data_as_bounded_records() {
         let dir = tempfile::tempdir().unwrap();
-        let config = WalConfig {
-            segment_size: 4096,
-            sync: SyncMode::NoSync,
-            ..WalConfig::default()
-        };
+        let config = small_segments();
         let store = WalStore::open(dir.path(), config.clone()).unwrap();
         let idle = |id: u64| vec![id as u8; 100];
         for id in 10..30 {
@@ -605,18 +625,7 @@ mod tests {
                 .await
                 .unwrap();
         }
-        let first_segment = || store.inner.lock_log().writer.segments()[0].number;
-        let oldest = first_segment();
-        for n in 0..=u8::MAX {
-            assert!(n < u8::MAX, "the first segment was never compacted");
-            store
-                .commit(Batch::new().put(1, None, vec![n; 1000]))
-                .await
-                .unwrap();
-            if first_segment() != oldest {
-                break;
-            }
-        }
+        churn_until_compacted(&store, 1).await;
         let segments: Vec<u64> = {
             let log = store.inner.lock_log();
             log.writer.segments().iter().map(|s| s.number).collect()
@@ -658,11 +667,7 @@ mod tests {
     #[tokio::test]
     async fn recovered_values_keep_their_copy_through_compaction() {
         let dir = tempfile::tempdir().unwrap();
-        let config = WalConfig {
-            segment_size: 4096,
-            sync: SyncMode::NoSync,
-            ..WalConfig::default()
-        };
+        let config = small_segments();
         let store = WalStore::open(dir.path(), config.clone()).unwrap();
         let idle = vec![1; 100];
         let batch = Batch::new()
@@ -674,17 +679,8 @@ mod tests {
 
         let store = WalStore::open(dir.path(), config).unwrap();
         let copied = store.inner.lock_log().state.records[&1].value.as_ptr();
-        let first_segment = || store.inner.lock_log().writer.segments()[0].number;
-        let oldest = first_segment();
         // Churn another procedure until the segment holding the idle ones is compacted.
-        for n in 0..=u8::MAX {
-            assert!(n < u8::MAX, "the first segment was never compacted");
-            let batch = Batch::new().put(2, None, vec![n; 1000]);
-            store.commit(batch).await.unwrap();
-            if first_segment() != oldest {
-                break;
-            }
-        }
+        churn_until_compacted(&store, 2).await;
         let log = store.inner.lock_log();
         let value = &log.state.records[&1].value;
         assert_eq!(value, &idle);
