@@ -520,8 +520,8 @@ fn replay(
             if let Some(waited) = pace.waited(record.header.record_len()) {
                 // About as long as the decoding waited: the disk reads on meanwhile.
                 // No more than the values put could need, nor than the log's live
-                // values so far: most puts are superseded (at 50,000 procedures the
-                // puts alone had 60 % more arenas made than were ever filled).
+                // values so far: most puts are superseded (on the restart bench's log
+                // the puts alone had about 60 % more arenas made than were filled).
                 let live = usize::try_from(index.live_bytes()).unwrap_or(usize::MAX);
                 arenas.make_ahead_for(waited, (before + put_bytes).min(live));
                 pace.restart(); // The time it took is not the disk's.
@@ -570,9 +570,10 @@ impl Pace {
     /// Bytes of records between two looks at the clock: about 64 records of the bench's
     /// procedures (a look costs about as much as a record).
     const EVERY: u64 = 96 * 1024;
-    /// Longer than decoding `EVERY` bytes from memory (about 40 µs on the bench's
-    /// machine) takes, with room for a few faults on pages already read (each about a
-    /// µs), and shorter than a read from the disk.
+    /// About as long as decoding `EVERY` bytes from memory takes at the slowest (85 µs
+    /// for compaction records on the bench's machine, which decodes them at about 1.1
+    /// GB/s), and shorter than a read from the disk. A look that finds the decoding
+    /// itself slower only makes arenas earlier than needed, within the same bound.
     const WAITED: std::time::Duration = std::time::Duration::from_micros(100);
 
     /// How long the records since the last look took, if they waited; `len` is the
