@@ -41,9 +41,10 @@ pub(crate) struct SegmentInfo {
 }
 
 /// The largest buffer of records kept between two flushes. A group of commits fills a
-/// few hundred KiB; a compaction's record holds a whole segment's live data (93 MB of a
-/// WAL holding 126 MB, in the admin bench), which the buffer kept for good before this
-/// bound.
+/// few hundred KiB; one large batch can fill far more, and a compaction's record once
+/// held a whole segment's live data (93 MB of a WAL holding 126 MB, in the admin bench),
+/// which the buffer kept for good before this bound. (Compaction records now hold at
+/// most 1 MiB of changes each: `compaction::COMPACTION_RECORD_BYTES`.)
 pub(crate) const BUFFER_KEPT: usize = 4 << 20;
 
 /// Appends to the log. All errors are I/O errors after which the log's state on disk is

@@ -408,7 +408,13 @@ impl Table {
     /// Drops the channels of the procedures in [`Table::watched`] whose receivers are all
     /// gone (see `watched.rs`), and forgets those procedures. A pass over the subscribed
     /// procedures only, not the table.
+    ///
+    /// A procedure is noted again each time a channel is made for it, and a channel
+    /// dropped at a change is made again by the next subscriber: without the dedup, one
+    /// that is watched on and off while it lives would be noted once per channel.
     pub(crate) fn sweep_unwatched(&mut self) {
+        self.watched.sort_unstable();
+        self.watched.dedup();
         let procs = &mut self.procs;
         self.watched.retain(|id| {
             procs
