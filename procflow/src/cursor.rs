@@ -3,10 +3,12 @@
 //! States are persisted by *name*, never by variant index, so reordering the variants of
 //! a machine, or adding new ones, keeps every stored procedure readable.
 
+use crate::stored::append::{append, push_str, push_varint};
 use crate::{Error, StateMachine};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::borrow::Cow;
+use std::sync::OnceLock;
 
 /// The life of a procedure, as persisted.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,13 +80,84 @@ impl Phase {
 /// assert!(matches!(cursor.phase(), Phase::RolledBack { .. }));
 /// # Ok::<(), Error>(())
 /// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Cursor<M> {
     state: M,
     steps: u64,
     completed: Vec<M>,
     entries: Vec<(M, u32)>,
     phase: Phase,
+    /// The two lists as a record writes them, made by the first write and kept up to
+    /// date after it ([`Written`]); not part of the cursor's value.
+    written: OnceLock<Box<Written>>,
+}
+
+/// A [`Cursor`]'s lists as postcard writes their elements, without their counts: every
+/// step's record carries them, and writing each state's name again took most of the
+/// cursor's share of a step. The methods that push onto a list append here too; the
+/// rare ones that change a list otherwise drop it, for the next write to make again.
+#[derive(Clone)]
+struct Written {
+    /// `completed`'s names, each as postcard writes a string.
+    completed: Vec<u8>,
+    /// `entries`' pairs, each a name and its count.
+    entries: Vec<u8>,
+}
+
+/// Bytes a written name is given room for ahead: its length and a short name.
+const NAME_ROOM: usize = 12;
+
+impl Written {
+    fn of<M: StateMachine>(cursor: &Cursor<M>) -> Self {
+        // Room for the lists to grow into, as the cursor leaves its lists: grown from
+        // nothing, each append of the first steps reallocated.
+        let room = Cursor::<M>::room() * NAME_ROOM;
+        let mut written = Self {
+            completed: Vec::with_capacity(room),
+            entries: Vec::with_capacity(room + Cursor::<M>::room()),
+        };
+        for state in &cursor.completed {
+            written.complete(*state);
+        }
+        for (state, count) in &cursor.entries {
+            written.enter(*state, *count);
+        }
+        written
+    }
+
+    fn complete<M: StateMachine>(&mut self, state: M) {
+        push_str(&mut self.completed, state.name());
+    }
+
+    fn enter<M: StateMachine>(&mut self, state: M, count: u32) {
+        push_str(&mut self.entries, state.name());
+        push_varint(&mut self.entries, u64::from(count));
+    }
+}
+
+/// The cursor's value: its lists as written are a copy of what it compares.
+impl<M: PartialEq> PartialEq for Cursor<M> {
+    fn eq(&self, other: &Self) -> bool {
+        self.state == other.state
+            && self.steps == other.steps
+            && self.completed == other.completed
+            && self.entries == other.entries
+            && self.phase == other.phase
+    }
+}
+
+impl<M: Eq> Eq for Cursor<M> {}
+
+impl<M: std::fmt::Debug> std::fmt::Debug for Cursor<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cursor")
+            .field("state", &self.state)
+            .field("steps", &self.steps)
+            .field("completed", &self.completed)
+            .field("entries", &self.entries)
+            .field("phase", &self.phase)
+            .finish()
+    }
 }
 
 impl<M: StateMachine> Default for Cursor<M> {
@@ -112,6 +185,7 @@ impl<M: StateMachine> Cursor<M> {
             completed: Vec::with_capacity(Self::room()),
             entries,
             phase: Phase::Running,
+            written: OnceLock::new(),
         }
     }
 
@@ -191,8 +265,16 @@ impl<M: StateMachine> Cursor<M> {
             });
         }
         match self.entries.iter_mut().find(|(s, _)| *s == next) {
-            Some(slot) => slot.1 = entries,
-            None => self.entries.push((next, entries)),
+            Some(slot) => {
+                slot.1 = entries;
+                self.written.take(); // A count in the middle changed: written again.
+            }
+            None => {
+                self.entries.push((next, entries));
+                if let Some(written) = self.written.get_mut() {
+                    written.enter(next, entries);
+                }
+            }
         }
         self.state = next;
         if next.is_terminal() {
@@ -228,7 +310,7 @@ impl<M: StateMachine> Cursor<M> {
         let state = self.state;
         if acted && state.has_rollback() && !state.is_terminal() && !self.completed.contains(&state)
         {
-            self.completed.push(state);
+            self.push_completed(state);
         }
         self.start_rollback(cause);
     }
@@ -264,6 +346,7 @@ impl<M: StateMachine> Cursor<M> {
     pub fn rolled_back(&mut self) {
         if let Some(at) = self.completed.iter().rposition(|s| s.has_rollback()) {
             self.completed.truncate(at);
+            self.written.take();
             self.steps += 1;
         }
         self.settle_rollback();
@@ -276,9 +359,16 @@ impl<M: StateMachine> Cursor<M> {
 
     fn complete_current(&mut self) {
         if !self.completed.contains(&self.state) {
-            self.completed.push(self.state);
+            self.push_completed(self.state);
         }
         self.steps += 1;
+    }
+
+    fn push_completed(&mut self, state: M) {
+        self.completed.push(state);
+        if let Some(written) = self.written.get_mut() {
+            written.complete(state);
+        }
     }
 
     fn settle_rollback(&mut self) {
@@ -348,6 +438,23 @@ impl<M: StateMachine> Serialize for Entries<'_, M> {
 }
 
 impl<M: StateMachine> Cursor<M> {
+    /// Appends the bytes postcard writes for the cursor (its [`Serialize`] impl), written
+    /// by hand from the lists as last written ([`Written`]): every step's record carries
+    /// the cursor, whose lists name each state the procedure went through, and serde's
+    /// path took about a sixth of a `MemStore` step's instructions for them (callgrind,
+    /// the bench's ten-step machine). A test in `tests/persisted_form.rs` holds the
+    /// snapshot to serde's bytes after every kind of change to the lists.
+    pub(crate) fn write_into(&self, mut out: Vec<u8>) -> postcard::Result<Vec<u8>> {
+        let written = self.written.get_or_init(|| Box::new(Written::of(self)));
+        push_str(&mut out, self.state.name());
+        push_varint(&mut out, self.steps);
+        push_varint(&mut out, self.completed.len() as u64);
+        out.extend_from_slice(&written.completed);
+        push_varint(&mut out, self.entries.len() as u64);
+        out.extend_from_slice(&written.entries);
+        append(&self.phase, out)
+    }
+
     /// Resolves the names of a persisted cursor; `Err` carries a name that is not a state
     /// of `M` (a variant renamed or removed since the procedure was stored).
     pub(crate) fn from_repr(repr: &Repr<'_>) -> Result<Self, String> {
@@ -362,6 +469,7 @@ impl<M: StateMachine> Cursor<M> {
                     .map(|(n, count)| Ok((state(&n.0)?, *count))),
             )?,
             phase: repr.phase.clone(),
+            written: OnceLock::new(),
         })
     }
 }

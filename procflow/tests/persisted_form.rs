@@ -292,3 +292,118 @@ async fn the_cursor_is_written_in_its_documented_layout() {
         assert_eq!(postcard::to_stdvec(&layout).unwrap(), bytes, "{layout:?}");
     }
 }
+
+/// The snapshot's header as docs/FORMAT.md gives it, for serde to write: the runtime
+/// writes these bytes by hand.
+#[derive(Serialize)]
+#[serde(bound = "")]
+struct HeaderLayout<'a, M: StateMachine> {
+    machine: &'a str,
+    data_version: u32,
+    cursor: &'a Cursor<M>,
+}
+
+/// Version, header length, header and data, each part written by serde.
+fn snapshot_by_serde<M: StateMachine>(data: &M::Procedure, cursor: &Cursor<M>) -> Vec<u8> {
+    let header = postcard::to_stdvec(&HeaderLayout::<M> {
+        machine: M::NAME,
+        data_version: M::DATA_VERSION,
+        cursor,
+    })
+    .unwrap();
+    let mut bytes = vec![codec::SNAPSHOT_VERSION];
+    bytes.extend(postcard::to_stdvec(&header.len()).unwrap());
+    bytes.extend(header);
+    bytes.extend(postcard::to_stdvec(data).unwrap());
+    bytes
+}
+
+#[tokio::test]
+async fn snapshots_are_the_bytes_serde_writes_for_their_layout() {
+    // Every cursor of a run that goes forward, fails and rolls back.
+    let mut run = Stepper::<v1::OrderState>::new(order(), ());
+    let mut cursors = vec![run.cursor().clone()];
+    while !run.cursor().phase().is_finished() {
+        run.step().await;
+        cursors.push(run.cursor().clone());
+    }
+    assert!(matches!(run.cursor().phase(), Phase::RolledBack { .. }));
+    for cursor in &cursors {
+        assert_eq!(
+            codec::encode::<v1::OrderState>(&order(), cursor).unwrap(),
+            snapshot_by_serde::<v1::OrderState>(&order(), cursor),
+            "{cursor:?}"
+        );
+    }
+    // A header of 128 bytes or more: its length takes two bytes.
+    let cursor = Cursor::<LongNameState>::new();
+    let bytes = codec::encode::<LongNameState>(&LongNamed, &cursor).unwrap();
+    assert_eq!(
+        bytes,
+        snapshot_by_serde::<LongNameState>(&LongNamed, &cursor)
+    );
+    assert!(bytes[1] >= 0x80, "the length is a varint of two bytes");
+    assert_eq!(codec::machine_name(&bytes).unwrap(), LongNameState::NAME);
+}
+
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(
+    procedure = LongNamed,
+    name = "a_machine_whose_stable_name_is_long_enough_that_a_snapshot_header_naming_it_takes_more_than_one_hundred_and_twenty_seven_bytes_to_write"
+)]
+enum LongNameState {
+    #[initial]
+    #[transition(to = [Over])]
+    Going,
+    #[terminal]
+    Over,
+}
+
+#[derive(Serialize, Deserialize)]
+struct LongNamed;
+
+impl LongNameStateHandlers for LongNamed {
+    async fn going(&mut self, _: &Context<()>) -> Step<long_name_state::Going> {
+        Ok(long_name_state::Going::Over.into())
+    }
+}
+
+/// The runtime keeps the cursor's lists as last written and appends to them as they
+/// grow: after every kind of change, the snapshot is still serde's bytes.
+#[test]
+fn snapshots_follow_every_change_to_the_cursor() {
+    use v1::OrderState::{Charge, Reserve, Validate};
+    let check = |cursor: &Cursor<v1::OrderState>| {
+        assert_eq!(
+            codec::encode::<v1::OrderState>(&order(), cursor).unwrap(),
+            snapshot_by_serde::<v1::OrderState>(&order(), cursor),
+            "{cursor:?}"
+        );
+    };
+    let mut cursor = Cursor::<v1::OrderState>::new();
+    check(&cursor);
+    // New states, then states entered again (a count inside the list changes).
+    for next in [Reserve, Validate, Reserve, Charge] {
+        cursor.advance(next).unwrap();
+        check(&cursor);
+    }
+    assert_eq!(cursor.entries(Reserve), 2);
+    // A decoded cursor, and a clone, each go on by themselves.
+    let bytes = codec::encode::<v1::OrderState>(&order(), &cursor).unwrap();
+    let (_, mut decoded) = codec::decode::<v1::OrderState>(&bytes).unwrap();
+    let mut clone = cursor.clone();
+    // Rolling back takes states off the completed list.
+    cursor.start_rollback(Error::fatal("card declined"));
+    check(&cursor);
+    while cursor.pending_rollback().is_some() {
+        cursor.rolled_back();
+        check(&cursor);
+    }
+    assert!(matches!(cursor.phase(), Phase::RolledBack { .. }));
+    for other in [&mut decoded, &mut clone] {
+        check(other);
+        other.advance(Validate).unwrap();
+        check(other);
+    }
+    assert_eq!(decoded, clone);
+}

@@ -27,8 +27,9 @@
 //! docs/FORMAT.md describes every field.
 
 use crate::cursor::Repr;
+use crate::stored::append::{append, push_str, push_varint};
 use crate::{Cursor, StateMachine};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use std::borrow::Cow;
 
 /// The version byte that starts every snapshot this build writes.
@@ -135,14 +136,6 @@ pub(crate) struct Split<'a> {
     pub(crate) data: &'a [u8],
 }
 
-#[derive(Serialize)]
-#[serde(bound = "")]
-struct Header<'a, M: StateMachine> {
-    machine: &'a str,
-    data_version: u32,
-    cursor: &'a Cursor<M>,
-}
-
 /// The start of every header, versions 1 and 2: enough to name the machine.
 #[derive(Deserialize)]
 struct Version1Start<'a> {
@@ -190,7 +183,7 @@ pub fn encode_into<M: StateMachine>(
     };
     // One buffer: the data follows the header without a length prefix of its own.
     let bytes = encode_header_into(cursor, M::DATA_VERSION, out)?;
-    postcard::to_extend(procedure, bytes).map_err(error)
+    append(procedure, bytes).map_err(error)
 }
 
 /// Appends the snapshot of a procedure of machine `M` whose data is still encoded, as
@@ -213,24 +206,35 @@ pub(crate) fn encode_stored_into<M: StateMachine>(
     Ok(bytes)
 }
 
-/// Appends the header: version, its length, machine name, data version, cursor.
+/// Appends the header: version, its length, machine name, data version, cursor. Written
+/// by hand, the bytes postcard writes for a struct of those three fields (see
+/// [`Cursor::write_into`]).
 fn encode_header_into<M: StateMachine>(
     cursor: &Cursor<M>,
     data_version: u32,
     mut out: Vec<u8>,
 ) -> Result<Vec<u8>, CodecError> {
-    let header = Header {
-        machine: M::NAME,
-        data_version,
-        cursor,
-    };
     out.push(SNAPSHOT_VERSION);
     let start = out.len();
-    let mut out = postcard::to_extend(&header, out).map_err(|source| CodecError::Encode {
-        machine: M::NAME,
-        source,
-    })?;
-    insert_length(&mut out, start);
+    // One byte of room for the length: a header under 128 bytes, the usual one, then
+    // needs no bytes moved after it is written.
+    out.push(0);
+    push_str(&mut out, M::NAME);
+    push_varint(&mut out, u64::from(data_version));
+    let mut out = cursor
+        .write_into(out)
+        .map_err(|source| CodecError::Encode {
+            machine: M::NAME,
+            source,
+        })?;
+    let len = out.len() - start - 1;
+    match u8::try_from(len) {
+        Ok(len) if len < 0x80 => out[start] = len,
+        _ => {
+            out.remove(start);
+            insert_length(&mut out, start);
+        }
+    }
     Ok(out)
 }
 

@@ -5,6 +5,7 @@
 //! bounded however long the procedure loops or retries. The stored enums below are
 //! written by variant index: variants are only ever appended.
 
+use crate::stored::append::append;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -122,7 +123,7 @@ impl History {
             self.lens.reserve(FIRST_ROOM / 16);
         }
         let before = self.bytes.len();
-        let bytes = postcard::to_extend(mark, std::mem::take(&mut self.bytes));
+        let bytes = append(mark, std::mem::take(&mut self.bytes));
         // On an error the buffer is gone with it: start again, counting the lost ones.
         let bytes = bytes.inspect_err(|_| {
             self.dropped += self.lens.len() as u64;
@@ -144,9 +145,9 @@ impl History {
     /// Appends the history's postcard encoding to `out`: the same bytes as serializing
     /// it.
     pub(crate) fn write_to(&self, out: Vec<u8>) -> postcard::Result<Vec<u8>> {
-        let mut out = postcard::to_extend(&self.lens.len(), out)?;
+        let mut out = append(&self.lens.len(), out)?;
         out.extend_from_slice(&self.bytes);
-        postcard::to_extend(&self.dropped, out)
+        append(&self.dropped, out)
     }
 
     /// The kept entries, decoded, oldest first.

@@ -10,10 +10,13 @@
 //! - [`codec`]: the snapshot, a header naming the machine and its cursor, then the
 //!   procedure's own data;
 //! - [`history`]: the bounded step history inside the envelope;
-//! - [`requests`]: operators' requests, stored as metadata entries until carried out.
+//! - [`requests`]: operators' requests, stored as metadata entries until carried out;
+//! - [`append`]: postcard's output appended to a buffer, the way every part above is
+//!   written.
 //!
 //! docs/FORMAT.md describes every byte.
 
+pub(crate) mod append;
 pub mod codec;
 pub(crate) mod history;
 pub(crate) mod record;

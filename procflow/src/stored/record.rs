@@ -16,6 +16,7 @@
 
 use crate::codec::CodecError;
 use crate::locks::{Hold, Lock, Locks};
+use crate::stored::append::append;
 use crate::stored::codec::{MAX_LENGTH_BYTES, take_sized, write_length_before};
 use crate::stored::history::{History, Mark, StepKind, StepOutcome};
 use serde::{Deserialize, Serialize};
@@ -384,9 +385,9 @@ impl Envelope {
         let mut scratch = SCRATCH.take();
         scratch.resize(1 + MAX_LENGTH_BYTES, 0);
         let body = scratch.len();
-        let out = postcard::to_extend(self, scratch).map_err(failed)?;
+        let out = append(self, scratch).map_err(failed)?;
         let out = self.history.write_to(out).map_err(failed)?;
-        let mut out = postcard::to_extend(&self.summary, out).map_err(failed)?;
+        let mut out = append(&self.summary, out).map_err(failed)?;
         let version_at = write_length_before(&mut out, body) - 1;
         out[version_at] = ENVELOPE_VERSION;
         let mut out = encode_snapshot(out)?;
