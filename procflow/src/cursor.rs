@@ -3,7 +3,7 @@
 //! States are persisted by *name*, never by variant index, so reordering the variants of
 //! a machine, or adding new ones, keeps every stored procedure readable.
 
-use crate::stored::append::{append, push_str, push_varint};
+use crate::stored::wire::{append, push_str, push_varint, take_str, take_varint};
 use crate::{Error, StateMachine};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -455,6 +455,42 @@ impl<M: StateMachine> Cursor<M> {
         append(&self.phase, out)
     }
 
+    /// Reads a cursor as [`write_into`](Self::write_into) writes it, by hand: a restart
+    /// reads the cursor of every procedure, and through serde each name was checked to
+    /// be UTF-8, borrowed into a list of names and then looked up. Here the stored bytes
+    /// are compared with the machine's names, a list is read straight into states, and
+    /// what follows the cursor is left alone. `None` for anything else, a name that is
+    /// not a state of `M` included: the caller then reads it through [`Repr`], which says
+    /// what is wrong (a test holds the two to the same cursors).
+    pub(crate) fn read_from(bytes: &[u8]) -> Option<Self> {
+        let (state, rest) = take_state::<M>(bytes)?;
+        let (steps, rest) = take_varint(rest, 10)?;
+        let (count, mut rest) = take_varint(rest, 10)?;
+        let mut completed = Vec::with_capacity(Self::room());
+        for _ in 0..count {
+            let (state, after) = take_state::<M>(rest)?;
+            completed.push(state);
+            rest = after;
+        }
+        let (count, mut rest) = take_varint(rest, 10)?;
+        let mut entries = Vec::with_capacity(Self::room());
+        for _ in 0..count {
+            let (state, after) = take_state::<M>(rest)?;
+            let (times, after) = take_varint(after, 5)?;
+            entries.push((state, u32::try_from(times).ok()?));
+            rest = after;
+        }
+        let (phase, _) = postcard::take_from_bytes::<Phase>(rest).ok()?;
+        Some(Self {
+            state,
+            steps,
+            completed,
+            entries,
+            phase,
+            written: OnceLock::new(),
+        })
+    }
+
     /// Resolves the names of a persisted cursor; `Err` carries a name that is not a state
     /// of `M` (a variant renamed or removed since the procedure was stored).
     pub(crate) fn from_repr(repr: &Repr<'_>) -> Result<Self, String> {
@@ -472,6 +508,18 @@ impl<M: StateMachine> Cursor<M> {
             written: OnceLock::new(),
         })
     }
+}
+
+/// Reads a state's name and finds the state it names (or once named: an alias), as
+/// [`StateMachine::from_name`] does, comparing bytes.
+fn take_state<M: StateMachine>(bytes: &[u8]) -> Option<(M, &[u8])> {
+    let (name, rest) = take_str(bytes)?;
+    let named = |state: &M| {
+        let info = state.info();
+        info.name.as_bytes() == name || info.aliases.iter().any(|alias| alias.as_bytes() == name)
+    };
+    let state = M::STATES.iter().copied().find(named)?;
+    Some((state, rest))
 }
 
 impl<'de, M: StateMachine> Deserialize<'de> for Cursor<M> {

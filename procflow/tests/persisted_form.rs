@@ -369,16 +369,20 @@ impl LongNameStateHandlers for LongNamed {
 }
 
 /// The runtime keeps the cursor's lists as last written and appends to them as they
-/// grow: after every kind of change, the snapshot is still serde's bytes.
+/// grow: after every kind of change, the snapshot is still serde's bytes, and reads back
+/// as the same cursor.
 #[test]
 fn snapshots_follow_every_change_to_the_cursor() {
     use v1::OrderState::{Charge, Reserve, Validate};
     let check = |cursor: &Cursor<v1::OrderState>| {
+        let bytes = codec::encode::<v1::OrderState>(&order(), cursor).unwrap();
         assert_eq!(
-            codec::encode::<v1::OrderState>(&order(), cursor).unwrap(),
+            bytes,
             snapshot_by_serde::<v1::OrderState>(&order(), cursor),
             "{cursor:?}"
         );
+        // And it reads back (by hand, as a restart reads it) as the same cursor.
+        assert_eq!(&codec::decode::<v1::OrderState>(&bytes).unwrap().1, cursor);
     };
     let mut cursor = Cursor::<v1::OrderState>::new();
     check(&cursor);

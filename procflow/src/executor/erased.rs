@@ -179,6 +179,8 @@ fn load_lazy<M: StateMachine>(
 
 /// What the registry keeps per machine name.
 struct Machine<E> {
+    /// Its stable name, as registered.
+    name: &'static str,
     /// Which type registered the name (one name, two machines is an error).
     type_id: TypeId,
     load: Loader<E>,
@@ -190,7 +192,10 @@ struct Machine<E> {
 
 /// The machines an executor can run, by stable name.
 pub(crate) struct Registry<E> {
-    machines: HashMap<&'static str, Machine<E>>,
+    /// By the name's bytes: a snapshot's name is looked up as stored, not first checked
+    /// to be UTF-8. Hashed with foldhash: the names are the program's own, and a restart
+    /// looks one up per procedure (std's SipHash was about 200 instructions of it).
+    machines: HashMap<&'static [u8], Machine<E>, foldhash::fast::RandomState>,
     /// A name registered twice by different machines; reported when the executor starts.
     pub(crate) duplicate: Option<&'static str>,
     /// The graph of each machine, stored for tools that lack the machines' types.
@@ -200,7 +205,7 @@ pub(crate) struct Registry<E> {
 impl<E: Send + Sync + 'static> Registry<E> {
     pub(crate) fn new() -> Self {
         Self {
-            machines: HashMap::new(),
+            machines: HashMap::default(),
             duplicate: None,
             graphs: Vec::new(),
         }
@@ -208,13 +213,14 @@ impl<E: Send + Sync + 'static> Registry<E> {
 
     pub(crate) fn register<M: StateMachine<Env = E>>(&mut self) {
         let machine = Machine {
+            name: M::NAME,
             type_id: TypeId::of::<M>(),
             load: load::<M>,
             load_lazy: load_lazy::<M>,
             #[cfg(feature = "admin")]
             shown: crate::admin::data::shown::<M>,
         };
-        if let Some(previous) = self.machines.insert(M::NAME, machine) {
+        if let Some(previous) = self.machines.insert(M::NAME.as_bytes(), machine) {
             // Registering the same machine twice is harmless; two machines, one name is not.
             if previous.type_id != TypeId::of::<M>() {
                 self.duplicate.get_or_insert(M::NAME);
@@ -225,7 +231,7 @@ impl<E: Send + Sync + 'static> Registry<E> {
     }
 
     pub(crate) fn contains(&self, machine: &str) -> bool {
-        self.machines.contains_key(machine)
+        self.machines.contains_key(machine.as_bytes())
     }
 
     /// Rebuilds a procedure from its snapshot.
@@ -268,10 +274,16 @@ impl<E: Send + Sync + 'static> Registry<E> {
 
     /// The registered machine a snapshot names, with its name.
     fn machine_of(&self, snapshot: &[u8]) -> Result<(&'static str, &Machine<E>), (String, String)> {
+        // Read by hand from a snapshot of this build's layout (a restart does it once per
+        // procedure); any other goes through serde, which says what is wrong with it.
+        let read = codec::read_machine_name(snapshot).and_then(|name| self.machines.get(name));
+        if let Some(machine) = read {
+            return Ok((machine.name, machine));
+        }
         let name = codec::machine_name(snapshot).map_err(|e| ("?".to_owned(), e.to_string()))?;
         // The registered name, not a copy of the stored one: no allocation per record.
-        match self.machines.get_key_value(&*name) {
-            Some((&name, machine)) => Ok((name, machine)),
+        match self.machines.get(name.as_bytes()) {
+            Some(machine) => Ok((machine.name, machine)),
             None => {
                 let reason = format!("machine `{name}` is not registered with this executor");
                 Err((name.into_owned(), reason))

@@ -27,7 +27,7 @@
 //! docs/FORMAT.md describes every field.
 
 use crate::cursor::Repr;
-use crate::stored::append::{append, push_str, push_varint};
+use crate::stored::wire::{append, push_str, push_varint, take_str, take_varint};
 use crate::{Cursor, StateMachine};
 use serde::Deserialize;
 use std::borrow::Cow;
@@ -300,15 +300,20 @@ pub fn decode<M: StateMachine>(bytes: &[u8]) -> Result<(M::Procedure, Cursor<M>)
     Ok((decode_data::<M>(split.data_version, split.data)?, cursor))
 }
 
-/// Reads the header of a snapshot of machine `M`: its cursor, and the parts (the data left
-/// encoded: see [`decode_data`]).
+/// Reads the header of a snapshot of machine `M`: its cursor, and what follows it (the
+/// data left encoded: see [`decode_data`]).
 ///
 /// # Errors
 ///
 /// [`CodecError`] if the header is not one of `M` this version can read.
 pub(crate) fn decode_cursor<M: StateMachine>(
     bytes: &[u8],
-) -> Result<(Cursor<M>, Split<'_>), CodecError> {
+) -> Result<(Cursor<M>, Tail<'_>), CodecError> {
+    if let Some(read) = read_cursor::<M>(bytes) {
+        return Ok(read);
+    }
+    // Version 1, or something [`read_cursor`] does not read: serde reads it, and says
+    // what is wrong with it.
     let split = split(bytes)?;
     if split.machine != M::NAME {
         return Err(CodecError::WrongMachine {
@@ -320,7 +325,45 @@ pub(crate) fn decode_cursor<M: StateMachine>(
         machine: M::NAME,
         state,
     })?;
-    Ok((cursor, split))
+    let tail = Tail {
+        format: split.format,
+        data_version: split.data_version,
+        data: split.data,
+    };
+    Ok((cursor, tail))
+}
+
+/// What follows a snapshot's cursor.
+pub(crate) struct Tail<'a> {
+    /// The snapshot's format (see [`Split::format`]).
+    pub(crate) format: u8,
+    pub(crate) data_version: u32,
+    /// The procedure's data, as stored.
+    pub(crate) data: &'a [u8],
+}
+
+/// [`decode_cursor`] by hand, for a header of version 2 or later naming `M`: a restart
+/// reads one per procedure. `None` for anything else.
+fn read_cursor<M: StateMachine>(bytes: &[u8]) -> Option<(Cursor<M>, Tail<'_>)> {
+    let format = *bytes.first()?;
+    if format < 2 {
+        return None;
+    }
+    let (header, data) = take_sized(&bytes[1..]).ok()?;
+    let (machine, rest) = take_str(header)?;
+    if machine != M::NAME.as_bytes() {
+        return None;
+    }
+    let (data_version, rest) = take_varint(rest, 5)?;
+    let data_version = u32::try_from(data_version).ok()?;
+    // Fields a later format appends to the header are past what this build reads.
+    let cursor = Cursor::read_from(rest)?;
+    let tail = Tail {
+        format,
+        data_version,
+        data,
+    };
+    Some((cursor, tail))
 }
 
 /// Reads the procedure data of machine `M` stored at `version`: this build's own version
@@ -406,6 +449,16 @@ pub(crate) fn split(bytes: &[u8]) -> Result<Split<'_>, CodecError> {
         Some(found) => Err(CodecError::UnsupportedVersion { found }),
         None => Err(failed("?", postcard::Error::DeserializeUnexpectedEnd)),
     }
+}
+
+/// The machine name's bytes in a snapshot of version 2 or later, read by hand (see
+/// [`read_cursor`]); `None` for any other, which [`machine_name`] reads.
+pub(crate) fn read_machine_name(bytes: &[u8]) -> Option<&[u8]> {
+    if *bytes.first()? < 2 {
+        return None;
+    }
+    let (header, _) = take_sized(&bytes[1..]).ok()?;
+    Some(take_str(header)?.0)
 }
 
 /// The stable machine name a snapshot starts with.

@@ -5,7 +5,7 @@
 //! bounded however long the procedure loops or retries. The stored enums below are
 //! written by variant index: variants are only ever appended.
 
-use crate::stored::append::append;
+use crate::stored::wire::append;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 use std::collections::VecDeque;

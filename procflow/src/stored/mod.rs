@@ -11,13 +11,13 @@
 //!   procedure's own data;
 //! - [`history`]: the bounded step history inside the envelope;
 //! - [`requests`]: operators' requests, stored as metadata entries until carried out;
-//! - [`append`]: postcard's output appended to a buffer, the way every part above is
-//!   written.
+//! - [`wire`]: postcard's bytes, appended to a buffer the way every part above is
+//!   written, and read by hand where a restart reads them once per procedure.
 //!
 //! docs/FORMAT.md describes every byte.
 
-pub(crate) mod append;
 pub mod codec;
 pub(crate) mod history;
 pub(crate) mod record;
 pub(crate) mod requests;
+pub(crate) mod wire;

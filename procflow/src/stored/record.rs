@@ -16,9 +16,9 @@
 
 use crate::codec::CodecError;
 use crate::locks::{Hold, Lock, Locks};
-use crate::stored::append::append;
 use crate::stored::codec::{MAX_LENGTH_BYTES, take_sized, write_length_before};
 use crate::stored::history::{History, Mark, StepKind, StepOutcome};
+use crate::stored::wire::append;
 use serde::{Deserialize, Serialize};
 use std::borrow::Cow;
 

@@ -1,4 +1,4 @@
-//! postcard's output appended to a vector that may already hold bytes.
+//! postcard's bytes: appended to a vector that may already hold bytes, and read by hand.
 //!
 //! `postcard::to_extend` writes through `Extend<u8>`: one `extend` of a one-byte array
 //! per byte, each with its own check for room. A record is written byte by byte for
@@ -9,7 +9,9 @@
 //! The parts written on every step whose shape is fixed (a snapshot's header and its
 //! cursor) skip serde altogether: [`push_varint`] and [`push_str`] write postcard's
 //! bytes for an integer and a string, and a unit test holds each writer to serde's
-//! bytes.
+//! bytes. [`take_varint`] and [`take_str`] read them back, for the cursor a restart
+//! reads of every procedure; they answer `None` for anything postcard would not read,
+//! and their callers then read through serde, which says what is wrong.
 
 use postcard::ser_flavors::Flavor;
 use serde::Serialize;
@@ -47,6 +49,34 @@ fn push_long_varint(out: &mut Vec<u8>, mut value: u64) {
 pub(crate) fn push_str(out: &mut Vec<u8>, text: &str) {
     push_varint(out, text.len() as u64);
     out.extend_from_slice(text.as_bytes());
+}
+
+/// Reads an unsigned integer of at most `max_bytes` bytes (5 for a `u32`, 10 for a
+/// `u64` or a length), as [`push_varint`] writes it; `None` if it is longer, or does not
+/// fit in 64 bits.
+#[inline]
+pub(crate) fn take_varint(bytes: &[u8], max_bytes: usize) -> Option<(u64, &[u8])> {
+    let mut value = 0;
+    for (at, &byte) in bytes.iter().enumerate().take(max_bytes) {
+        let bits = u64::from(byte & 0x7f);
+        let shift = 7 * at as u32;
+        if shift == 63 && bits > 1 {
+            return None;
+        }
+        value |= bits << shift;
+        if byte & 0x80 == 0 {
+            return Some((value, &bytes[at + 1..]));
+        }
+    }
+    None
+}
+
+/// Reads a string's bytes, as [`push_str`] writes them (not checked to be UTF-8).
+#[inline]
+pub(crate) fn take_str(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (len, rest) = take_varint(bytes, 10)?;
+    let len = usize::try_from(len).ok()?;
+    (len <= rest.len()).then(|| rest.split_at(len))
 }
 
 /// The flavor [`append`] writes through.
@@ -133,5 +163,26 @@ mod tests {
             push_str(&mut out, text);
             assert_eq!(out, postcard::to_extend(text, vec![5]).unwrap());
         }
+    }
+
+    #[test]
+    fn what_is_written_reads_back_and_what_postcard_refuses_is_none() {
+        for value in [0, 1, 127, 128, 300, u64::from(u32::MAX), u64::MAX] {
+            let mut out = Vec::new();
+            push_varint(&mut out, value);
+            out.push(42);
+            assert_eq!(take_varint(&out, 10), Some((value, &[42][..])), "{value}");
+        }
+        let mut out = Vec::new();
+        push_str(&mut out, "Seven");
+        assert_eq!(take_str(&out), Some((&b"Seven"[..], &[][..])));
+        // Longer than allowed, unfinished, past 64 bits, a string past the end.
+        assert_eq!(take_varint(&[0x80, 0x80, 0x80, 0x80, 0x80, 0x01], 5), None);
+        assert_eq!(take_varint(&[0x80, 0x80], 10), None);
+        let mut past = vec![0xff; 9];
+        past.push(0x02);
+        assert_eq!(take_varint(&past, 10), None);
+        assert!(postcard::from_bytes::<u64>(&past).is_err());
+        assert_eq!(take_str(&[5, b'S', b'e']), None);
     }
 }
