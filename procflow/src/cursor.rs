@@ -364,6 +364,12 @@ impl<M: StateMachine> Cursor<M> {
         self.steps += 1;
     }
 
+    /// Drops the lists as last written: a procedure that parks keeps its cursor, and
+    /// they are made again by its next write.
+    pub(crate) fn forget_written(&mut self) {
+        self.written.take();
+    }
+
     fn push_completed(&mut self, state: M) {
         self.completed.push(state);
         if let Some(written) = self.written.get_mut() {

@@ -60,6 +60,9 @@ pub(crate) trait DynProcedure<E>: Send {
     fn interrupt(&mut self, cause: Error, acted: bool);
     fn fail(&mut self, cause: Error);
     fn encode_into(&self, out: Vec<u8>) -> Result<Vec<u8>, CodecError>;
+    /// Drops what it keeps only to write its next record faster (the cursor's lists as
+    /// written): it parks.
+    fn forget_written(&mut self);
     /// The locks its data declares; `None` while the data is still stored (its envelope
     /// recorded them).
     fn locks(&self) -> Option<Result<Locks, LockKeyError>>;
@@ -135,6 +138,9 @@ impl<M: StateMachine> DynProcedure<M::Env> for Lazy<M> {
     }
     fn encode_into(&self, out: Vec<u8>) -> Result<Vec<u8>, CodecError> {
         Lazy::encode_into(self, out)
+    }
+    fn forget_written(&mut self) {
+        self.cursor_mut().forget_written();
     }
     fn locks(&self) -> Option<Result<Locks, LockKeyError>> {
         self.procedure().map(M::locks)

@@ -114,6 +114,7 @@ impl<E> DynProcedure<E> for Unreadable {
         out.extend_from_slice(&self.snapshot);
         Ok(out)
     }
+    fn forget_written(&mut self) {}
     fn locks(&self) -> Option<Result<Locks, LockKeyError>> {
         None
     }

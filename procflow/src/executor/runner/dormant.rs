@@ -71,7 +71,9 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// it must not sleep: it was roused since its last look (a permit is waiting), or
     /// its entry is gone. When the executor no longer runs, the procedure is dropped: it
     /// resumes at the next start.
-    pub(super) fn park(self, until_ms: Option<u64>) -> Result<(), Box<Self>> {
+    pub(super) fn park(mut self, until_ms: Option<u64>) -> Result<(), Box<Self>> {
+        // A dormant procedure keeps no more than it needs: its next write makes them again.
+        self.procedure.forget_written();
         let inner = Arc::clone(&self.inner);
         let id = self.id;
         let sleeper = Box::new(SleepingRunner(self));
