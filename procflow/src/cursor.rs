@@ -3,6 +3,7 @@
 //! States are persisted by *name*, never by variant index, so reordering the variants of
 //! a machine, or adding new ones, keeps every stored procedure readable.
 
+use crate::machine::state_named;
 use crate::stored::wire::{append, push_str, push_varint, take_str, take_varint};
 use crate::{Error, StateMachine};
 use serde::de::Error as _;
@@ -516,16 +517,10 @@ impl<M: StateMachine> Cursor<M> {
     }
 }
 
-/// Reads a state's name and finds the state it names (or once named: an alias), as
-/// [`StateMachine::from_name`] does, comparing bytes.
+/// Reads a state's name and finds the state it names (or once named: an alias).
 fn take_state<M: StateMachine>(bytes: &[u8]) -> Option<(M, &[u8])> {
     let (name, rest) = take_str(bytes)?;
-    let named = |state: &M| {
-        let info = state.info();
-        info.name.as_bytes() == name || info.aliases.iter().any(|alias| alias.as_bytes() == name)
-    };
-    let state = M::STATES.iter().copied().find(named)?;
-    Some((state, rest))
+    Some((state_named::<M>(name)?, rest))
 }
 
 impl<'de, M: StateMachine> Deserialize<'de> for Cursor<M> {

@@ -264,11 +264,7 @@ pub trait StateMachine: Copy + Eq + Debug + Send + Sync + 'static {
     /// The state called `name`, or that was (`#[alias = ".."]`), if the machine has one.
     #[must_use]
     fn from_name(name: &str) -> Option<Self> {
-        let named = |state: &Self| {
-            let info = state.info();
-            info.name == name || info.aliases.contains(&name)
-        };
-        Self::STATES.iter().copied().find(named)
+        state_named(name.as_bytes())
     }
 
     /// Whether reaching `self` ends the procedure successfully.
@@ -300,4 +296,15 @@ pub trait StateMachine: Copy + Eq + Debug + Send + Sync + 'static {
     fn mermaid() -> String {
         crate::diagram::mermaid::<Self>()
     }
+}
+
+/// The state of `M` whose name, or one of whose aliases, is `name`'s bytes: for
+/// [`StateMachine::from_name`], and for a restart that reads names as stored, not checked
+/// to be UTF-8 first (a byte string equal to a name is one).
+pub(crate) fn state_named<M: StateMachine>(name: &[u8]) -> Option<M> {
+    let named = |state: &M| {
+        let info = state.info();
+        info.name.as_bytes() == name || info.aliases.iter().any(|alias| alias.as_bytes() == name)
+    };
+    M::STATES.iter().copied().find(named)
 }

@@ -27,7 +27,9 @@
 //! docs/FORMAT.md describes every field.
 
 use crate::cursor::Repr;
-use crate::stored::wire::{append, push_str, push_varint, take_str, take_varint};
+use crate::stored::wire::{
+    MAX_VARINT_BYTES, append, push_str, push_varint, take_str, take_varint, varint,
+};
 use crate::{Cursor, StateMachine};
 use serde::Deserialize;
 use std::borrow::Cow;
@@ -242,37 +244,21 @@ fn encode_header_into<M: StateMachine>(
 /// written first and measured after (it is a few dozen bytes: moving them costs less
 /// than serializing twice).
 pub(crate) fn insert_length(out: &mut Vec<u8>, start: usize) {
-    let (varint, n) = length_varint(out.len() - start);
-    out.splice(start..start, varint[..n].iter().copied());
+    let (bytes, n) = varint((out.len() - start) as u64);
+    out.splice(start..start, bytes[..n].iter().copied());
 }
 
 /// The most bytes a length takes as a varint.
-pub(crate) const MAX_LENGTH_BYTES: usize = 10;
+pub(crate) const MAX_LENGTH_BYTES: usize = MAX_VARINT_BYTES;
 
 /// Writes the length of everything in `out` from `body` on as a varint just before
 /// `body`, into room left there ([`MAX_LENGTH_BYTES`] at least); returns where the
 /// length starts. Unlike [`insert_length`], nothing after it moves.
 pub(crate) fn write_length_before(out: &mut [u8], body: usize) -> usize {
-    let (varint, n) = length_varint(out.len() - body);
+    let (bytes, n) = varint((out.len() - body) as u64);
     let start = body - n;
-    out[start..body].copy_from_slice(&varint[..n]);
+    out[start..body].copy_from_slice(&bytes[..n]);
     start
-}
-
-/// `len` as a varint: its bytes and how many of them are used.
-fn length_varint(mut len: usize) -> ([u8; MAX_LENGTH_BYTES], usize) {
-    let mut varint = [0u8; MAX_LENGTH_BYTES];
-    let mut n = 0;
-    loop {
-        let byte = (len & 0x7f) as u8;
-        len >>= 7;
-        if len == 0 {
-            varint[n] = byte;
-            return (varint, n + 1);
-        }
-        varint[n] = byte | 0x80;
-        n += 1;
-    }
 }
 
 /// Splits off a varint length and the `len` bytes after it: `(those bytes, the rest)`.

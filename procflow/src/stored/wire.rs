@@ -36,12 +36,26 @@ pub(crate) fn push_varint(out: &mut Vec<u8>, value: u64) {
 
 /// [`push_varint`] for a value of two bytes or more.
 #[cold]
-fn push_long_varint(out: &mut Vec<u8>, mut value: u64) {
+fn push_long_varint(out: &mut Vec<u8>, value: u64) {
+    let (bytes, len) = varint(value);
+    out.extend_from_slice(&bytes[..len]);
+}
+
+/// The most bytes a varint takes (a `u64`'s 64 bits, seven a byte).
+pub(crate) const MAX_VARINT_BYTES: usize = 10;
+
+/// `value` as [`push_varint`] writes it: its bytes and how many of them are used, for
+/// a caller that puts them somewhere other than the end of a vector.
+pub(crate) fn varint(mut value: u64) -> ([u8; MAX_VARINT_BYTES], usize) {
+    let mut bytes = [0u8; MAX_VARINT_BYTES];
+    let mut len = 0;
     while value >= 0x80 {
-        out.push((value as u8) | 0x80);
+        bytes[len] = (value as u8) | 0x80;
         value >>= 7;
+        len += 1;
     }
-    out.push(value as u8);
+    bytes[len] = value as u8;
+    (bytes, len + 1)
 }
 
 /// Appends `text` as postcard writes a string: its length, then its bytes.
