@@ -126,8 +126,11 @@ pub(crate) struct Table {
     /// Nonces whose submit is being persisted: a second submit with the same nonce waits
     /// for the first (told through the `Notify`) instead of making a second procedure.
     pub(crate) pending_nonces: HashMap<String, Arc<Notify>>,
-    /// Event name → procedures suspended on it.
-    pub(crate) events: HashMap<Box<str>, Waiters>,
+    /// Event name → procedures suspended on it. Hashed with foldhash's quality variant,
+    /// seeded per map, not SipHash: a restart registers every dormant procedure's event
+    /// here, and SipHash took half of that registration (issue 33). Names may come from
+    /// outside the process, so the seeded variant rather than the fast one of `procs`.
+    pub(crate) events: HashMap<Box<str>, Waiters, foldhash::quality::RandomState>,
     pub(crate) unloadable: Vec<Unloadable>,
     /// The next id to hand out, and the first one not covered by the durable reservation
     /// in the store.

@@ -9,6 +9,7 @@
 //!   wait, nonce, times, locks, trouble, history) followed by the snapshot;
 //! - [`codec`]: the snapshot, a header naming the machine and its cursor, then the
 //!   procedure's own data;
+//! - [`head`]: the envelope's fields before its history, written and read by hand;
 //! - [`history`]: the bounded step history inside the envelope;
 //! - [`requests`]: operators' requests, stored as metadata entries until carried out;
 //! - [`wire`]: postcard's bytes, appended to a buffer the way every part above is
@@ -17,6 +18,7 @@
 //! docs/FORMAT.md describes every byte.
 
 pub mod codec;
+pub(crate) mod head;
 pub(crate) mod history;
 pub(crate) mod record;
 pub(crate) mod requests;

@@ -17,6 +17,7 @@
 use crate::codec::CodecError;
 use crate::locks::{Hold, Lock, Locks};
 use crate::stored::codec::{MAX_LENGTH_BYTES, take_sized, write_length_before};
+use crate::stored::head;
 use crate::stored::history::{History, Mark, StepKind, StepOutcome};
 use crate::stored::wire::append;
 use serde::{Deserialize, Serialize};
@@ -463,9 +464,16 @@ fn take_sized_envelope<H: serde::de::DeserializeOwned>(
     bytes: &[u8],
 ) -> Result<SizedParts<'_, H>, String> {
     let (body, snapshot) = take_sized(&bytes[1..]).map_err(unreadable)?;
-    let (mut envelope, rest) =
-        postcard::take_from_bytes::<EnvelopeOf<H>>(body).map_err(unreadable)?;
-    envelope.version = bytes[0];
+    let (envelope, rest) = match head::read::<H>(body, bytes[0]) {
+        Some(read) => read,
+        None => {
+            // What the hand reader does not take: serde reads it, or says what is wrong.
+            let (mut envelope, rest) =
+                postcard::take_from_bytes::<EnvelopeOf<H>>(body).map_err(unreadable)?;
+            envelope.version = bytes[0];
+            (envelope, rest)
+        }
+    };
     Ok(SizedParts {
         envelope,
         rest,
