@@ -4,6 +4,7 @@ use super::config::Config;
 use super::erased::Registry;
 use super::error::ExecutorError;
 use super::hooks::{KillHook, StoreWrite, WriteKind, WritePoint};
+use super::packed::PackedInfo;
 use super::status::{Outcome, ProcedureInfo, Unloadable};
 use super::timers::Timers;
 use super::wakes::WakeLog;
@@ -219,7 +220,7 @@ impl Asked {
 }
 
 impl Entry {
-    pub(crate) fn new(info: ProcedureInfo, finished_ms: Option<u64>) -> Self {
+    pub(crate) fn new(info: PackedInfo, finished_ms: Option<u64>) -> Self {
         Entry {
             info: Watched::new(info),
             wake: None,
@@ -255,7 +256,7 @@ impl Entry {
 
     /// Publishes the procedure's new snapshot, telling its subscribers if it changed;
     /// once it has ended, the callers of `wait` are told how.
-    pub(crate) fn publish(&mut self, info: ProcedureInfo) {
+    pub(crate) fn publish(&mut self, info: PackedInfo) {
         self.info.send_if_changed(info);
         if self.asked.is_none() {
             return;
@@ -717,9 +718,9 @@ impl<E> Inner<E> {
     /// Publishes a procedure's new snapshot to its subscribers, if it changed: nothing is
     /// woken for a snapshot they have already seen (a resumed procedure republishes the
     /// one its entry was created with).
-    pub(crate) fn publish(&self, info: ProcedureInfo) {
+    pub(crate) fn publish(&self, info: PackedInfo) {
         let mut table = self.table();
-        let id = info.id.get();
+        let id = info.id().get();
         if let Some(entry) = table.procs.get_mut(&id) {
             entry.publish(info);
             table.noted(id);
@@ -740,7 +741,7 @@ mod tests {
 
     fn entry(id: u64) -> Box<Entry> {
         Box::new(Entry::new(
-            ProcedureInfo {
+            PackedInfo::pack(ProcedureInfo {
                 id: crate::ProcedureId::new(id),
                 parent: None,
                 machine: "m",
@@ -750,7 +751,7 @@ mod tests {
                 error: None,
                 submitted: std::time::SystemTime::now(),
                 updated: std::time::SystemTime::now(),
-            },
+            }),
             None,
         ))
     }

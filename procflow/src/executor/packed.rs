@@ -10,6 +10,7 @@
 //! (`Executor::state`, `list`, the admin page's rows as it sends them, subscribers).
 
 use super::status::{Outcome, ProcedureInfo, Status, outcome_of};
+use crate::stored::history::time_of;
 use crate::{Error, ProcedureId};
 use std::borrow::Cow;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -104,6 +105,7 @@ impl Plain {
 
 /// `time` as nanoseconds since the epoch, if that fits in a `u64` (until the year 2554)
 /// and is not 0, which marks times kept in [`Rare`].
+#[cfg(test)]
 fn nanos(time: SystemTime) -> Option<u64> {
     let since = time.duration_since(UNIX_EPOCH).ok()?;
     u64::try_from(since.as_nanos()).ok().filter(|&n| n != 0)
@@ -113,9 +115,66 @@ fn time(nanos: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_nanos(nanos)
 }
 
+/// `ms` milliseconds since the epoch as [`nanos`] gives them for that time: the same
+/// number without going through a `SystemTime` (a step publishes two).
+fn nanos_of_ms(ms: u64) -> Option<u64> {
+    ms.checked_mul(1_000_000).filter(|&n| n != 0)
+}
+
+/// A procedure's snapshot as the executor makes it, its times as its record keeps them
+/// (ms since the epoch): packed straight into a [`PackedInfo`], with no
+/// [`ProcedureInfo`] in between, as every step publishes one.
+#[derive(Clone, Debug)]
+pub(crate) struct Snapshot {
+    pub(crate) id: ProcedureId,
+    pub(crate) parent: Option<ProcedureId>,
+    pub(crate) machine: &'static str,
+    pub(crate) status: Status,
+    pub(crate) state: &'static str,
+    pub(crate) steps: u64,
+    pub(crate) error: Option<Error>,
+    pub(crate) submitted_ms: u64,
+    pub(crate) updated_ms: u64,
+}
+
 impl PackedInfo {
+    /// Packs `info`. The executor packs [`Snapshot`]s; tests check the two agree.
+    #[cfg(test)]
     pub(crate) fn pack(info: ProcedureInfo) -> Self {
         let stamps = nanos(info.submitted).zip(nanos(info.updated));
+        let snapshot = Snapshot {
+            id: info.id,
+            parent: info.parent,
+            machine: info.machine,
+            status: info.status,
+            state: info.state,
+            steps: info.steps,
+            error: info.error,
+            submitted_ms: 0,
+            updated_ms: 0,
+        };
+        Self::assemble(snapshot, stamps, (info.submitted, info.updated))
+    }
+
+    /// Packs `snapshot`: equal to packing the [`ProcedureInfo`] it describes.
+    pub(crate) fn of(snapshot: Snapshot) -> Self {
+        let (submitted, updated) = (snapshot.submitted_ms, snapshot.updated_ms);
+        let stamps = nanos_of_ms(submitted).zip(nanos_of_ms(updated));
+        // Made only where the stamps do not fit: `assemble` keeps them then.
+        let times = match stamps {
+            Some(_) => (UNIX_EPOCH, UNIX_EPOCH),
+            None => (time_of(submitted), time_of(updated)),
+        };
+        Self::assemble(snapshot, stamps, times)
+    }
+
+    /// `info`'s fields with its times as `stamps` (nanoseconds), or as `times` where
+    /// they do not fit.
+    fn assemble(
+        info: Snapshot,
+        stamps: Option<(u64, u64)>,
+        times: (SystemTime, SystemTime),
+    ) -> Self {
         let (plain, event, status) = match Plain::of(info.status) {
             Ok((plain, event)) => (plain, event, None),
             // Unread while `rare` holds the status.
@@ -127,7 +186,7 @@ impl PackedInfo {
                 Box::new(Rare {
                     status,
                     error: info.error,
-                    times: stamps.is_none().then_some((info.submitted, info.updated)),
+                    times: stamps.is_none().then_some(times),
                     own_parent,
                 })
             });
@@ -315,6 +374,46 @@ mod tests {
                 packed.status_name() == "suspended"
             );
             assert_eq!(packed.clone(), packed);
+        }
+    }
+
+    /// A snapshot made from a record's times packs as the `ProcedureInfo` with those
+    /// times does, at the edges where nanoseconds stop fitting too.
+    #[test]
+    fn a_snapshot_packs_as_its_procedure_info() {
+        let fits = u64::MAX / 1_000_000;
+        for ms in [0, 1, 1_700_000_000_000, fits, fits + 1, u64::MAX] {
+            for (status, error) in [
+                (Status::Runnable, None),
+                (Status::Suspended { event: "e".into() }, None),
+                (Status::RolledBack, Some(Error::fatal("boom"))),
+            ] {
+                let snapshot = Snapshot {
+                    id: ProcedureId::new(7),
+                    parent: Some(ProcedureId::new(3)),
+                    machine: "m",
+                    status,
+                    state: "S",
+                    steps: 4,
+                    error,
+                    submitted_ms: ms,
+                    updated_ms: 1,
+                };
+                let info = ProcedureInfo {
+                    id: snapshot.id,
+                    parent: snapshot.parent,
+                    machine: snapshot.machine,
+                    status: snapshot.status.clone(),
+                    state: snapshot.state,
+                    steps: snapshot.steps,
+                    error: snapshot.error.clone(),
+                    submitted: time_of(ms),
+                    updated: time_of(1),
+                };
+                let packed = PackedInfo::of(snapshot);
+                assert_eq!(packed, PackedInfo::pack(info.clone()), "{ms}");
+                assert_eq!(packed.unpack(), info, "{ms}");
+            }
         }
     }
 

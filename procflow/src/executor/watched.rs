@@ -46,10 +46,10 @@ pub(crate) struct Watched {
 }
 
 impl Watched {
-    pub(crate) fn new(info: ProcedureInfo) -> Self {
+    pub(crate) fn new(info: PackedInfo) -> Self {
         changed();
         Self {
-            current: PackedInfo::pack(info),
+            current: info,
             channel: None,
         }
     }
@@ -81,22 +81,17 @@ impl Watched {
     }
 
     /// Replaces the snapshot and tells the subscribers.
-    pub(crate) fn send_replace(&mut self, info: ProcedureInfo) {
+    pub(crate) fn send_replace(&mut self, info: PackedInfo) {
         self.send(info, |_, _| true);
     }
 
     /// Replaces the snapshot if it changed, telling the subscribers only then.
-    pub(crate) fn send_if_changed(&mut self, info: ProcedureInfo) {
+    pub(crate) fn send_if_changed(&mut self, info: PackedInfo) {
         self.send(info, |current, new| current != new);
     }
 
     /// Replaces the snapshot if `replace` says so, telling the subscribers then.
-    fn send(
-        &mut self,
-        info: ProcedureInfo,
-        replace: impl FnOnce(&PackedInfo, &PackedInfo) -> bool,
-    ) {
-        let packed = PackedInfo::pack(info);
+    fn send(&mut self, packed: PackedInfo, replace: impl FnOnce(&PackedInfo, &PackedInfo) -> bool) {
         if !replace(&self.current, &packed) {
             return;
         }
@@ -122,8 +117,8 @@ mod tests {
     use crate::ProcedureId;
     use crate::executor::Status;
 
-    fn info(steps: u64) -> ProcedureInfo {
-        ProcedureInfo {
+    fn info(steps: u64) -> PackedInfo {
+        PackedInfo::pack(ProcedureInfo {
             id: ProcedureId::new(1),
             parent: None,
             machine: "m",
@@ -133,7 +128,7 @@ mod tests {
             error: None,
             submitted: std::time::SystemTime::UNIX_EPOCH,
             updated: std::time::SystemTime::UNIX_EPOCH,
-        }
+        })
     }
 
     #[test]

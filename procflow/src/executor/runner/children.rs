@@ -9,6 +9,7 @@
 use super::{Exit, Launch, Runner, insert_entry, launch};
 use crate::executor::hooks::WriteKind;
 use crate::executor::inner::{Inner, Reservation, Table};
+use crate::executor::packed::PackedInfo;
 use crate::executor::status::Status;
 use crate::stored::record::{Envelope, Spawn, Wait};
 use crate::{Child, Error, Phase};
@@ -368,7 +369,7 @@ fn reopen_entry<E>(inner: &Inner<E>, launch: &Launch<E>) {
         Some(entry) => {
             entry.finished_ms = None;
             entry.take_asked(|asked| &mut asked.abort);
-            entry.info.send_replace(info);
+            entry.info.send_replace(PackedInfo::of(info));
             table.noted(launch.id);
         }
         None => drop(super::insert_entry_locked(&mut table, launch, info)),

@@ -17,7 +17,8 @@ use super::erased::{DynProcedure, DynProgress};
 use super::error::ExecutorError;
 use super::hooks::WriteKind;
 use super::inner::{Entry, Inner, Settled};
-use super::status::{ProcedureInfo, Status, status_of};
+use super::packed::{PackedInfo, Snapshot};
+use super::status::{Status, status_of};
 use super::wakes::StepStart;
 use crate::locks::{Hold, LockKeyError, Locks};
 use crate::stored::history::{StepKind, StepOutcome};
@@ -219,8 +220,8 @@ impl<E> Launch<E> {
         self.procedure.locks().unwrap_or_else(recorded)
     }
 
-    /// The public snapshot of the procedure about to start.
-    fn info(&self) -> ProcedureInfo {
+    /// The snapshot of the procedure about to start.
+    fn info(&self) -> Snapshot {
         describe(
             self.id,
             self.parent,
@@ -234,7 +235,7 @@ impl<E> Launch<E> {
 fn insert_entry_locked<'t, E>(
     table: &'t mut super::inner::Table,
     launch: &Launch<E>,
-    info: ProcedureInfo,
+    info: Snapshot,
 ) -> &'t mut Entry {
     table.noted(launch.id);
     table.ended_at(launch.id, launch.envelope.finished_ms);
@@ -245,10 +246,12 @@ fn insert_entry_locked<'t, E>(
     {
         table.nonce_of.insert(launch.id, nonce.as_str().into());
     }
-    table
-        .procs
-        .entry(launch.id)
-        .or_insert_with(|| Box::new(Entry::new(info, launch.envelope.finished_ms)))
+    table.procs.entry(launch.id).or_insert_with(|| {
+        Box::new(Entry::new(
+            PackedInfo::of(info),
+            launch.envelope.finished_ms,
+        ))
+    })
 }
 
 /// The signal that wakes procedure `id`'s task (see [`Entry::signal`]); one linked to
@@ -268,9 +271,9 @@ pub(crate) fn describe<E>(
     procedure: &dyn DynProcedure<E>,
     envelope: &Envelope,
     last_error: Option<&Error>,
-) -> ProcedureInfo {
+) -> Snapshot {
     let (status, cause) = status_of(procedure.phase(), envelope);
-    ProcedureInfo {
+    Snapshot {
         id: ProcedureId::new(id),
         parent: parent.map(ProcedureId::new),
         machine: procedure.machine(),
@@ -278,8 +281,8 @@ pub(crate) fn describe<E>(
         state: procedure.state(),
         steps: procedure.steps(),
         error: cause.or(last_error).cloned(),
-        submitted: crate::stored::history::time_of(envelope.submitted_ms),
-        updated: crate::stored::history::time_of(envelope.updated_ms),
+        submitted_ms: envelope.submitted_ms,
+        updated_ms: envelope.updated_ms,
     }
 }
 
@@ -729,7 +732,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
         let mut table = self.inner.table();
         if let Some(entry) = table.procs.get_mut(&self.id) {
             entry.finished_ms = self.envelope.finished_ms;
-            entry.publish(info);
+            entry.publish(PackedInfo::of(info));
             table.noted(self.id);
             table.ended_at(self.id, self.envelope.finished_ms);
         }
@@ -857,7 +860,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
         }
     }
 
-    fn info(&self) -> ProcedureInfo {
+    fn info(&self) -> Snapshot {
         let mut info = describe(
             self.id,
             self.parent,
@@ -876,7 +879,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
     }
 
     fn publish(&self) {
-        self.inner.publish(self.info());
+        self.inner.publish(PackedInfo::of(self.info()));
     }
 }
 

@@ -10,7 +10,8 @@ use super::{Exit, Runner, dormant};
 use crate::executor::erased::DynProcedure;
 use crate::executor::hooks::WriteKind;
 use crate::executor::inner::{Inner, Settled};
-use crate::executor::status::{ProcedureInfo, Status};
+use crate::executor::packed::{PackedInfo, Snapshot};
+use crate::executor::status::Status;
 use crate::stored::history::{StepKind, StepOutcome};
 use crate::stored::record::{Envelope, Wait, now_ms};
 use crate::{Error, Phase};
@@ -201,10 +202,10 @@ impl<E: Send + Sync + 'static> Runner<E> {
             }
             Some(ticket) => {
                 self.lock_ticket = Some(ticket);
-                self.inner.publish(ProcedureInfo {
+                self.inner.publish(PackedInfo::of(Snapshot {
                     status: Status::WaitingForLock,
                     ..self.info()
-                });
+                }));
                 self.park_until(self.deadline_ms());
                 Ok(false)
             }
