@@ -137,12 +137,11 @@ pub(crate) struct Snapshot {
     pub(crate) updated_ms: u64,
 }
 
-impl PackedInfo {
-    /// Packs `info`. The executor packs [`Snapshot`]s; tests check the two agree.
-    #[cfg(test)]
-    pub(crate) fn pack(info: ProcedureInfo) -> Self {
-        let stamps = nanos(info.submitted).zip(nanos(info.updated));
-        let snapshot = Snapshot {
+#[cfg(test)]
+impl Snapshot {
+    /// `info`'s fields, with these times in ms in place of its own.
+    fn from_info(info: ProcedureInfo, submitted_ms: u64, updated_ms: u64) -> Self {
+        Snapshot {
             id: info.id,
             parent: info.parent,
             machine: info.machine,
@@ -150,10 +149,20 @@ impl PackedInfo {
             state: info.state,
             steps: info.steps,
             error: info.error,
-            submitted_ms: 0,
-            updated_ms: 0,
-        };
-        Self::assemble(snapshot, stamps, (info.submitted, info.updated))
+            submitted_ms,
+            updated_ms,
+        }
+    }
+}
+
+impl PackedInfo {
+    /// Packs `info`. The executor packs [`Snapshot`]s; tests check the two agree.
+    #[cfg(test)]
+    pub(crate) fn pack(info: ProcedureInfo) -> Self {
+        let stamps = nanos(info.submitted).zip(nanos(info.updated));
+        let times = (info.submitted, info.updated);
+        // The millisecond times are not read: `stamps` and `times` stand for them.
+        Self::assemble(Snapshot::from_info(info, 0, 0), stamps, times)
     }
 
     /// Packs `snapshot`: equal to packing the [`ProcedureInfo`] it describes.
@@ -388,29 +397,12 @@ mod tests {
                 (Status::Suspended { event: "e".into() }, None),
                 (Status::RolledBack, Some(Error::fatal("boom"))),
             ] {
-                let snapshot = Snapshot {
-                    id: ProcedureId::new(7),
-                    parent: Some(ProcedureId::new(3)),
-                    machine: "m",
-                    status,
-                    state: "S",
-                    steps: 4,
-                    error,
-                    submitted_ms: ms,
-                    updated_ms: 1,
-                };
                 let info = ProcedureInfo {
-                    id: snapshot.id,
-                    parent: snapshot.parent,
-                    machine: snapshot.machine,
-                    status: snapshot.status.clone(),
-                    state: snapshot.state,
-                    steps: snapshot.steps,
-                    error: snapshot.error.clone(),
                     submitted: time_of(ms),
                     updated: time_of(1),
+                    ..info(status, error, UNIX_EPOCH)
                 };
-                let packed = PackedInfo::of(snapshot);
+                let packed = PackedInfo::of(Snapshot::from_info(info.clone(), ms, 1));
                 assert_eq!(packed, PackedInfo::pack(info.clone()), "{ms}");
                 assert_eq!(packed.unpack(), info, "{ms}");
             }
