@@ -8,6 +8,7 @@ use super::error::ExecutorError;
 use super::hooks::KillHook;
 use super::inner::{self, Inner, Mode, Table};
 use super::lanes::Lanes;
+use super::permits::Workers;
 use super::requests;
 use super::runner::{self, Launch, Resumed};
 use super::status::Unloadable;
@@ -220,7 +221,7 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
         .await?;
         let table = table_from(&loaded)?;
         let inner = Arc::new(Inner {
-            workers: Semaphore::new(self.config.workers.max(1)),
+            workers: Workers::new(self.config.workers.max(1)),
             running: Semaphore::new(self.config.max_running.max(1)),
             live_roots: AtomicUsize::new(0),
             store: self.store,

@@ -5,6 +5,7 @@ use super::erased::Registry;
 use super::error::ExecutorError;
 use super::hooks::{KillHook, StoreWrite, WriteKind, WritePoint};
 use super::packed::PackedInfo;
+use super::permits::Workers;
 use super::status::{Outcome, ProcedureInfo, Unloadable};
 use super::timers::Timers;
 use super::wakes::WakeLog;
@@ -80,7 +81,7 @@ pub(crate) struct Inner<E> {
     pub(crate) config: Config,
     pub(crate) registry: Registry<E>,
     /// Steps executing at once.
-    pub(crate) workers: Semaphore,
+    pub(crate) workers: Workers,
     /// Root procedures running at once; the others wait for a permit (the queue).
     pub(crate) running: Semaphore,
     /// Root procedures running or queued for a slot (not dormant, not finished), for

@@ -54,6 +54,7 @@ mod journal;
 mod lanes;
 mod lazy;
 pub(crate) mod packed;
+mod permits;
 mod requests;
 mod runner;
 pub(crate) mod status;

@@ -18,6 +18,7 @@ use super::error::ExecutorError;
 use super::hooks::WriteKind;
 use super::inner::{Entry, Inner, Settled};
 use super::packed::{PackedInfo, Snapshot};
+use super::permits::Permit;
 use super::status::{Status, status_of};
 use super::wakes::StepStart;
 use crate::locks::{Hold, LockKeyError, Locks};
@@ -885,14 +886,13 @@ impl<E: Send + Sync + 'static> Runner<E> {
 
 /// A permit of the executor's workers (`Config::workers`), or `Exit` if the executor
 /// stops first. Taken at once when one is free: waiting for one and for the stop is a
-/// race of two futures, on every step's path. A free permit is no one else's: Tokio's
-/// semaphore hands released permits to its waiters first.
-async fn worker_permit<E>(inner: &Inner<E>) -> Result<tokio::sync::SemaphorePermit<'_>, Exit> {
-    match inner.workers.try_acquire() {
-        Ok(permit) => Ok(permit),
-        Err(tokio::sync::TryAcquireError::Closed) => Err(Exit),
-        Err(tokio::sync::TryAcquireError::NoPermits) => tokio::select! {
-            permit = inner.workers.acquire() => permit.map_err(|_| Exit),
+/// race of two futures, on every step's path. A free permit is no one else's: while
+/// someone waits, permits given back go to the waiters (`permits.rs`).
+async fn worker_permit<E>(inner: &Inner<E>) -> Result<Permit<'_>, Exit> {
+    match inner.workers.try_take() {
+        Some(permit) => Ok(permit),
+        None => tokio::select! {
+            permit = inner.workers.take() => Ok(permit),
             () = inner.stopping() => Err(Exit),
         },
     }
