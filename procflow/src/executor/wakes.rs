@@ -10,7 +10,9 @@
 //! Only wakes that a running step may still need are kept (see [`WakeLog`]).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Generations of recent wakes, and how many steps run, by epoch.
@@ -19,15 +21,43 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// epoch's parity. A wake moves the epoch on once no step of the previous epoch runs,
 /// and forgets that epoch's wakes. So a running step's own epoch and the next one are
 /// never forgotten: between them they hold every wake since the step started.
+///
+/// The counts are kept in [`STRIPES`] stripes, each on cache lines of its own, and a
+/// step counts itself in its thread's: with one count, the two workers' steps wrote one
+/// line in turn, and the epoch's line beside it, on every step (1.9 % of a `MemStore`
+/// step's samples; docs/BENCHMARKS.md, stop 50). A wake, far rarer, sums the stripes. A
+/// step stays counted in its stripe from before it reads its start until it ends, so a
+/// wake that reads the stripes after a step started sees it in the sum.
 #[derive(Debug, Default)]
 pub(crate) struct WakeLog {
     /// The generation of the newest wake.
     generation: AtomicU64,
     epoch: AtomicU64,
-    /// Steps running, by the parity of the epoch they started in.
-    running: [AtomicUsize; 2],
+    /// Steps running, by the parity of the epoch they started in, by stripe.
+    stripes: [Stripe; STRIPES],
     /// Event → generation of its newest wake, by the parity of the epoch it came in.
     woken: Mutex<[HashMap<String, u64>; 2]>,
+}
+
+/// How many stripes the running steps are counted in: a runtime's workers rarely
+/// number more; threads beyond share stripes, which is correct, only slower.
+const STRIPES: usize = 8;
+
+/// One stripe of the running steps' counts, alone on its cache lines (128 bytes: two
+/// lines, as x86 prefetches lines in pairs).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Stripe {
+    running: [AtomicUsize; 2],
+}
+
+/// The stripe of the calling thread: given out in turn as threads first ask.
+fn stripe_of_thread() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static STRIPE: usize = NEXT.fetch_add(1, Relaxed) % STRIPES;
+    }
+    STRIPE.with(|stripe| *stripe)
 }
 
 /// A running step's place in the log; give it back with [`WakeLog::end_step`].
@@ -35,6 +65,8 @@ pub(crate) struct WakeLog {
 pub(crate) struct StepStart {
     epoch: u64,
     generation: u64,
+    /// The stripe it is counted in (its task may end the step on another thread).
+    stripe: usize,
 }
 
 fn parity(epoch: u64) -> usize {
@@ -49,21 +81,34 @@ impl WakeLog {
 
     /// Records that a step starts now.
     pub(crate) fn begin_step(&self) -> StepStart {
+        let stripe = stripe_of_thread();
+        let running = &self.stripes[stripe].running;
         loop {
             let epoch = self.epoch.load(SeqCst);
-            self.running[parity(epoch)].fetch_add(1, SeqCst);
+            running[parity(epoch)].fetch_add(1, SeqCst);
             // The epoch moved on meanwhile: its wakes may be forgotten; count in the new.
             if self.epoch.load(SeqCst) == epoch {
                 let generation = self.generation.load(SeqCst);
-                return StepStart { epoch, generation };
+                return StepStart {
+                    epoch,
+                    generation,
+                    stripe,
+                };
             }
-            self.running[parity(epoch)].fetch_sub(1, SeqCst);
+            running[parity(epoch)].fetch_sub(1, SeqCst);
         }
     }
 
     /// Records that the step that began at `start` ended.
     pub(crate) fn end_step(&self, start: StepStart) {
-        self.running[parity(start.epoch)].fetch_sub(1, SeqCst);
+        self.stripes[start.stripe].running[parity(start.epoch)].fetch_sub(1, SeqCst);
+    }
+
+    /// Whether any step that started in an epoch of parity `parity` still runs.
+    fn any_running(&self, parity: usize) -> bool {
+        self.stripes
+            .iter()
+            .any(|stripe| stripe.running[parity].load(SeqCst) != 0)
     }
 
     /// Records a wake of `event`.
@@ -72,7 +117,7 @@ impl WakeLog {
         let generation = self.generation.fetch_add(1, SeqCst) + 1;
         let mut epoch = self.epoch.load(SeqCst);
         // No step of the previous epoch runs: no one needs its wakes any more.
-        if self.running[parity(epoch + 1)].load(SeqCst) == 0 {
+        if !self.any_running(parity(epoch + 1)) {
             woken[parity(epoch + 1)].clear();
             epoch += 1;
             self.epoch.store(epoch, SeqCst);
@@ -136,6 +181,32 @@ mod tests {
             assert!(log.woken_since(&format!("event-{i}"), long), "event-{i}");
         }
         log.end_step(long);
+    }
+
+    /// A step begun on another thread is counted in that thread's stripe: the epochs
+    /// that move on around it keep its wakes, and it ends from any thread.
+    #[test]
+    fn a_step_counted_in_another_stripe_keeps_its_wakes_and_ends_from_any_thread() {
+        let log = WakeLog::default();
+        let here = stripe_of_thread();
+        let long = std::thread::scope(|scope| {
+            (0..STRIPES)
+                .map(|_| scope.spawn(|| log.begin_step()).join().unwrap())
+                .find(|start| start.stripe != here)
+                .expect("a thread counted in another stripe")
+        });
+        for i in 0..100 {
+            let short = log.begin_step();
+            log.wake(&format!("event-{i}"));
+            log.end_step(short);
+        }
+        for i in 0..100 {
+            assert!(log.woken_since(&format!("event-{i}"), long), "event-{i}");
+        }
+        log.end_step(long);
+        log.wake("late");
+        log.wake("later");
+        assert_eq!(log.remembered(), 2);
     }
 
     #[test]
