@@ -25,9 +25,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// The counts are kept in [`STRIPES`] stripes, each on cache lines of its own, and a
 /// step counts itself in its thread's: with one count, the two workers' steps wrote one
 /// line in turn, and the epoch's line beside it, on every step (1.9 % of a `MemStore`
-/// step's samples; docs/BENCHMARKS.md, stop 50). A wake, far rarer, sums the stripes. A
-/// step stays counted in its stripe from before it reads its start until it ends, so a
-/// wake that reads the stripes after a step started sees it in the sum.
+/// step's samples; docs/BENCHMARKS.md, stop 50). A wake, far rarer, looks at every
+/// stripe. A step stays counted in its stripe from before it reads its start until it
+/// ends, so a wake that looks at the stripes after a step started sees it there.
 #[derive(Debug, Default)]
 pub(crate) struct WakeLog {
     /// The generation of the newest wake.
