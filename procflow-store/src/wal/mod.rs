@@ -3,7 +3,7 @@
 //! Files by concept: [`record`] encodes one record and its checksums, [`segment`] names
 //! and creates segment files, [`writer`] appends and rolls, [`committer`] is the thread
 //! that writes queued batches and shares one fsync among them, [`recovery`] scans and
-//! replays at open, [`compaction`] reclaims space, [`config`] holds the knobs. The bytes
+//! replays at open (with [`verify`] checking checksums ahead of it), [`compaction`] reclaims space, [`config`] holds the knobs. The bytes
 //! are described in `docs/FORMAT.md`.
 
 mod arena;
@@ -13,6 +13,7 @@ mod config;
 mod record;
 mod recovery;
 mod segment;
+mod verify;
 mod writer;
 
 use std::path::{Path, PathBuf};

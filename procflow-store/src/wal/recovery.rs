@@ -22,6 +22,7 @@ use super::arena::{self, Arenas};
 use super::compaction::LiveIndex;
 use super::record::{self, HeaderError, RECORD_HEADER_LEN, RECORD_MARKER, RecordHeader};
 use super::segment::{self, FIRST_SEQ_UNKNOWN, SEGMENT_HEADER_LEN, TMP_SUFFIX};
+use super::verify::{self, Checked};
 use super::writer::SegmentInfo;
 use crate::error::StoreError;
 use crate::io::{IoBackend, LogFile};
@@ -76,8 +77,13 @@ enum Invalid {
 }
 
 /// Reads the record at `offset` in `segment` and checks its checksum; its payload is a
-/// slice of `segment`.
-fn read_record(segment: &Bytes, offset: usize) -> Result<(RecordHeader, Bytes), Invalid> {
+/// slice of `segment`. With `checked`, a record it covers ([`Checked::covers`]) has its
+/// payload checksum taken as checked.
+fn read_record(
+    segment: &Bytes,
+    offset: usize,
+    checked: Option<&Checked>,
+) -> Result<(RecordHeader, Bytes), Invalid> {
     let buf = &segment[offset..];
     let header = match record::decode_header(buf) {
         Ok(header) => header,
@@ -95,7 +101,9 @@ fn read_record(segment: &Bytes, offset: usize) -> Result<(RecordHeader, Bytes), 
     }
     let start = offset + RECORD_HEADER_LEN;
     let payload = segment.slice(start..start + header.payload_len as usize);
-    if !record::payload_matches(&header, &payload) {
+    let end = start + payload.len();
+    let covered = checked.is_some_and(|checked| checked.covers(end));
+    if !covered && !record::payload_matches(&header, &payload) {
         return Err(Invalid::Torn("record payload checksum mismatch".into()));
     }
     Ok((header, payload))
@@ -108,7 +116,7 @@ fn find_group_start(bytes: &Bytes, from: usize, all_start_groups: bool) -> Optio
     (from..bytes.len())
         .filter(|&i| bytes[i] == RECORD_MARKER)
         .find(|&i| {
-            read_record(bytes, i).is_ok_and(|(header, payload)| {
+            read_record(bytes, i, None).is_ok_and(|(header, payload)| {
                 (all_start_groups || header.starts_group)
                     && record::for_each_change(&payload, drop).is_ok()
             })
@@ -137,6 +145,8 @@ pub(crate) struct Scanner<'a> {
     /// Why the log ended before the end of the file, once known.
     torn: Option<String>,
     done: bool,
+    /// How far a thread has checked the checksums ahead, if one does.
+    checked: Option<&'a Checked>,
 }
 
 impl<'a> Scanner<'a> {
@@ -162,7 +172,14 @@ impl<'a> Scanner<'a> {
             offset: SEGMENT_HEADER_LEN,
             torn: None,
             done: false,
+            checked: None,
         })
+    }
+
+    /// Takes the records `checked` covers as checked.
+    pub(crate) fn checked_by(mut self, checked: &'a Checked) -> Self {
+        self.checked = Some(checked);
+        self
     }
 
     /// Bytes up to the end of the last valid record: the file is cut here if shorter.
@@ -191,7 +208,7 @@ impl<'a> Scanner<'a> {
             return Ok(None);
         }
         let offset = self.offset;
-        match read_record(self.bytes, offset) {
+        match read_record(self.bytes, offset, self.checked) {
             Ok((header, payload)) => {
                 // Cannot overflow: the record lies within `bytes`.
                 self.offset += header.record_len() as usize;
@@ -498,36 +515,41 @@ fn replay(
             None => read_segment(backend, &path, &mut buffer)?,
         };
         ahead = map_ahead(at + 1)?;
-        let mut scan = Scanner::new(&path, number, &bytes, number == last_number)?;
-        seqs.segment(&path, scan.first_seq)?;
         // The records this segment puts: their values are slices of `bytes`.
         let mut put = Vec::new();
         // What this segment and the one before may leave to copy out, at most.
         let before = previous.as_ref().map_or(0, |(_, _, put_bytes)| *put_bytes);
         let mut put_bytes = 0;
         let mut pace = Pace::default();
-        while let Some(record) = scan.next_record()? {
-            seqs.record(&path, record.offset, record.header.seq)?;
-            state.observe_token(record.header.fencing_token);
-            record.for_each_change(&path, |change| {
-                if let Change::Put { id, value, .. } = &change {
-                    put.push(*id);
-                    put_bytes += value.len();
+        // A thread checks the checksums ahead of the replay (`verify.rs`).
+        let scanned = verify::beside(&bytes, SEGMENT_HEADER_LEN, |checked| {
+            let last = number == last_number;
+            let mut scan = Scanner::new(&path, number, &bytes, last)?.checked_by(checked);
+            seqs.segment(&path, scan.first_seq)?;
+            while let Some(record) = scan.next_record()? {
+                seqs.record(&path, record.offset, record.header.seq)?;
+                state.observe_token(record.header.fencing_token);
+                record.for_each_change(&path, |change| {
+                    if let Change::Put { id, value, .. } = &change {
+                        put.push(*id);
+                        put_bytes += value.len();
+                    }
+                    index.note(number, &change);
+                    state.apply(change);
+                })?;
+                if let Some(waited) = pace.waited(record.header.record_len()) {
+                    // About as long as the decoding waited: the disk reads on meanwhile.
+                    // No more than the values put could need, nor than the log's live
+                    // values so far: most puts are superseded (on the restart bench's log
+                    // the puts alone had about 60 % more arenas made than were filled).
+                    let live = usize::try_from(index.live_bytes()).unwrap_or(usize::MAX);
+                    arenas.make_ahead_for(waited, (before + put_bytes).min(live));
+                    pace.restart(); // The time it took is not the disk's.
                 }
-                index.note(number, &change);
-                state.apply(change);
-            })?;
-            if let Some(waited) = pace.waited(record.header.record_len()) {
-                // About as long as the decoding waited: the disk reads on meanwhile.
-                // No more than the values put could need, nor than the log's live
-                // values so far: most puts are superseded (on the restart bench's log
-                // the puts alone had about 60 % more arenas made than were filled).
-                let live = usize::try_from(index.live_bytes()).unwrap_or(usize::MAX);
-                arenas.make_ahead_for(waited, (before + put_bytes).min(live));
-                pace.restart(); // The time it took is not the disk's.
             }
-        }
-        let (valid_len, was_torn) = (scan.valid_len(), scan.torn().is_some());
+            Ok::<_, StoreError>((scan.valid_len(), scan.torn().is_some()))
+        });
+        let (valid_len, was_torn) = scanned?;
         if let Some((bytes, put, _)) = previous.replace((bytes, put, put_bytes)) {
             arenas.copy_out(&mut state.records, put, &bytes);
             buffer = reclaim(bytes);
