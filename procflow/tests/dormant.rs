@@ -292,6 +292,47 @@ async fn procedures_loaded_suspended_after_a_restart_are_dormant_and_keep_their_
     executor.shutdown().bounded().await.unwrap();
 }
 
+/// Procedures loaded suspended at start do not count against `queue_capacity`, like
+/// those that suspend while the executor runs: with one running slot and room for one
+/// more in the queue, twenty of them leave room for two new procedures, and no third.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn procedures_loaded_suspended_after_a_restart_leave_the_queue_free() {
+    let store = TestStore::wal();
+    let env = Arc::new(Env::default());
+    let executor = start(&store, &env, common::test_config()).await;
+    let ids = submit_accounts(&executor, 0..20).await;
+    all_suspended(&executor, &ids).await;
+    executor.shutdown().bounded().await.unwrap();
+    drop(executor);
+
+    let store = store.reopen();
+    let config = Config {
+        max_running: 1,
+        queue_capacity: 1,
+        ..common::test_config()
+    };
+    let executor = start(&store, &env, config).await;
+    all_suspended(&executor, &ids).await;
+    // The first takes the only slot and stays at the barrier; the second queues for it.
+    let barrier = Arc::new(Barrier::new(2));
+    *env.meet.lock().unwrap() = Some(Arc::clone(&barrier));
+    let first = executor.submit(Busy).await.unwrap();
+    let second = executor.submit(Busy).await.unwrap();
+    match executor.submit(Busy).await {
+        Err(procflow::executor::SubmitError::QueueFull { live }) => assert_eq!(live, 2),
+        other => panic!("expected QueueFull, got {other:?}"),
+    }
+    barrier.wait().bounded().await;
+    barrier.wait().bounded().await;
+    for id in [first, second] {
+        assert_eq!(
+            executor.wait(id).bounded().await.unwrap(),
+            Outcome::Succeeded
+        );
+    }
+    executor.shutdown().bounded().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dormant_procedure_queued_for_a_lock_rolls_back_on_abort_and_the_next_gets_the_lock() {
     let store = TestStore::memory();
@@ -299,11 +340,12 @@ async fn a_dormant_procedure_queued_for_a_lock_rolls_back_on_abort_and_the_next_
     let executor = start(&store, &env, common::test_config()).await;
     let holder = executor.submit(Account { n: 1 }).await.unwrap();
     status_is(&executor, holder, |s| matches!(s, Status::Suspended { .. })).await;
+    // One after the other: submitted together, their tasks may ask for the lock in
+    // either order (they run on different lanes).
     let first = executor.submit(Account { n: 1 }).await.unwrap();
+    status_is(&executor, first, |s| *s == Status::WaitingForLock).await;
     let second = executor.submit(Account { n: 1 }).await.unwrap();
-    for id in [first, second] {
-        status_is(&executor, id, |s| *s == Status::WaitingForLock).await;
-    }
+    status_is(&executor, second, |s| *s == Status::WaitingForLock).await;
     assert_eq!(executor.lock_waiters(), vec![first, second]);
 
     executor.abort(first).unwrap();

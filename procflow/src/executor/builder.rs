@@ -428,16 +428,30 @@ fn resume<E: Send + Sync + 'static>(
         if let (Wait::Event { name, .. }, None) = (&launch.envelope.wait, &launch.newer) {
             inner.table().listen(name, launch.id);
         }
+        let mut guess = false;
         if let Some(claim) = claim_of(&launch) {
             let recorded = claim.recorded;
             launch.holding = give_back.claim(claim);
-            if !recorded {
-                guessed.insert(launch.id, live.len());
-            }
+            guess = !recorded;
         }
-        roots += usize::from(launch.parent.is_none());
-        // A dormant one drops its decoded parts here, before the next is decoded.
-        live.push(Resumed::new(inner, launch, record.value.clone()));
+        let root = launch.parent.is_none();
+        let id = launch.id;
+        // A dormant one drops its decoded parts here, before the next is decoded, and
+        // parks, unless its locks are a guess still to settle. No task runs yet.
+        let resumed = Resumed::new(inner, launch, record.value.clone());
+        let resumed = if guess {
+            Err(resumed)
+        } else {
+            resumed.park_now()
+        };
+        if let Err(resumed) = resumed {
+            if guess {
+                guessed.insert(id, live.len());
+            }
+            // Counted as running: a dormant one leaves the count as it parks.
+            roots += usize::from(root);
+            live.push(resumed);
+        }
     }
     inner.table().fit_events();
     let (granted, conflicts) = give_back.finish();

@@ -248,6 +248,14 @@ impl<E: Send + Sync + 'static> Reload<E> {
         }
     }
 
+    /// Parks it as the start loads it, before any task runs: never counted in the
+    /// admission count, which the start makes of what it leaves running. `Err` gives it
+    /// back if it must not sleep.
+    pub(super) fn park_loaded(self: Box<Self>, until_ms: Option<u64>) -> Result<(), Box<Self>> {
+        let inner = Arc::clone(&self.inner);
+        lay_down(&inner, self.id, until_ms, self)
+    }
+
     /// Gives it a task, counted in again, whose runner `wake` wakes.
     fn start(self, wake: Arc<Notify>) {
         tracing::trace!(id = self.id, "roused");
