@@ -49,6 +49,10 @@ impl Checked {
 /// thread can be started, `replay` runs alone and checks every record itself.
 pub(crate) fn beside<R>(segment: &[u8], first: usize, replay: impl FnOnce(&Checked) -> R) -> R {
     let checked = Checked::from(first);
+    if segment.len() < CHECK_BESIDE_FROM {
+        // Starting a thread costs more than checking a small segment.
+        return replay(&checked);
+    }
     std::thread::scope(|scope| {
         let ahead = std::thread::Builder::new()
             .name("procflow-check-ahead".into())
@@ -63,6 +67,10 @@ pub(crate) fn beside<R>(segment: &[u8], first: usize, replay: impl FnOnce(&Check
         result
     })
 }
+
+/// The smallest segment whose checksums a thread of their own checks: a thread takes
+/// tens of microseconds to start, about as long as checking 64 KiB.
+const CHECK_BESIDE_FROM: usize = 1 << 20;
 
 /// Walks the records of `segment` from `offset`, as the replay does, publishing the end of
 /// each one whose checksums hold; stops at the first that does not (the replay reports
@@ -140,7 +148,8 @@ mod tests {
     /// is gone once `beside` returns.
     #[test]
     fn beside_runs_the_replay_and_joins_the_thread() {
-        let log = records(2_000);
+        let log = records(12_000);
+        assert!(log.len() >= CHECK_BESIDE_FROM);
         let seen = beside(&log, 0, |checked| {
             while !checked.covers(log.len()) {
                 std::thread::yield_now();
@@ -148,5 +157,16 @@ mod tests {
             checked.end.load(Ordering::Acquire)
         });
         assert_eq!(seen, log.len());
+    }
+
+    /// A small segment gets no thread: the replay checks every record itself.
+    #[test]
+    fn a_small_segment_is_checked_by_the_replay_alone() {
+        let log = records(50);
+        let covered = beside(&log, 0, |checked| {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            checked.covers(check_one(&log, 0).unwrap())
+        });
+        assert!(!covered);
     }
 }
