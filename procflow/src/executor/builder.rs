@@ -413,20 +413,17 @@ fn resume<E: Send + Sync + 'static>(
         let Some(mut launch) = rebuild(inner, record, parent_of) else {
             continue;
         };
-        runner::insert_loaded(inner, &launch);
-        if aborted.contains(&record.id) {
-            if let Some(entry) = inner.table().procs.get_mut(&record.id) {
-                entry.ask().abort = Some(crate::Error::fatal("aborted on request"));
-            }
-        }
-        if record.finished {
-            continue;
-        }
         // A record this build does not rewrite cannot store a wake-up: it is left off its
         // event, so a wake neither counts it nor is lost on it (the build that reads it
         // waits on its event again).
-        if let (Wait::Event { name, .. }, None) = (&launch.envelope.wait, &launch.newer) {
-            inner.table().listen(name, launch.id);
+        let event = match (&launch.envelope.wait, &launch.newer) {
+            (Wait::Event { name, .. }, None) if !record.finished => Some(name.as_str()),
+            _ => None,
+        };
+        // Under one lock: the entry, and the procedure registered on its event.
+        runner::insert_loaded(inner, &launch, event, aborted.contains(&record.id));
+        if record.finished {
+            continue;
         }
         let mut guess = false;
         if let Some(claim) = claim_of(&launch) {
