@@ -27,6 +27,9 @@
 //! the cell's time and prints its rate: `WalStore::commit` alone, the executor on the
 //! durable WAL, or the executor on `MemStore`; `yield:256` the executor on a `MemStore`
 //! whose commit suspends once, as a durable one's does (`compare/yielding.rs`);
+//! `answered:256` one whose commits wait for a thread that answers them in groups, the
+//! WAL's hand-off without the WAL (`compare/answered.rs`); `nosync:256` the executor on
+//! the WAL with `SyncMode::NoSync`;
 //! `hand:256` is the hand loop persisting to
 //! a `MemStore` (workload 4's second baseline); `raw:1` is the raw write+fdatasync loop
 //! with records of a step's size. `-- --cell single:R` runs workload 1 alone, interleaved
@@ -64,6 +67,8 @@
 #[cfg(feature = "admin")]
 #[path = "compare/admin.rs"]
 mod admin;
+#[path = "compare/answered.rs"]
+mod answered;
 #[path = "compare/chart.rs"]
 mod chart;
 #[path = "compare/disk_use.rs"]
@@ -347,9 +352,11 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
                 .block_on(store_commit_loop(store, clients, 168, plan.cell))
                 .0
         }
-        "wal" | "mem" | "yield" => runtime.block_on(async {
+        "wal" | "nosync" | "mem" | "yield" | "answered" => runtime.block_on(async {
             let store: Arc<dyn Store> = match kind {
                 "wal" => Arc::new(WalStore::open(&dir, WalConfig::default()).expect("open WAL")),
+                "nosync" => Arc::new(WalStore::open(&dir, no_sync()).expect("open WAL")),
+                "answered" => Arc::new(answered::Answered::default()),
                 "yield" => Arc::new(yielding::Yielding::default()),
                 _ => Arc::new(MemStore::new()),
             };
@@ -415,7 +422,7 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             return;
         }
         other => panic!(
-            "unknown cell kind {other}: store, wal, mem, hand, raw, single, gap, restart, durable or overhead"
+            "unknown cell kind {other}: store, wal, nosync, mem, yield, answered, hand, raw, single, gap, restart, durable or overhead"
         ),
     };
     println!("{cell}: {rate:.0}/s");
@@ -445,13 +452,17 @@ fn header(plan: &Plan, dir: &Path) {
 
 /// Runs one procedure on a WAL (without fsync) and measures its records, so the raw loop
 /// writes what a step writes. Returns the mean record size in bytes.
-fn record_size(runtime: &Runtime, base: &Path) -> usize {
-    let dir = base.join("probe");
-    let config = WalConfig {
+/// The WAL's settings without `fdatasync`.
+fn no_sync() -> WalConfig {
+    WalConfig {
         sync: SyncMode::NoSync,
         ..WalConfig::default()
-    };
-    let store = Arc::new(WalStore::open(&dir, config).expect("open the probe WAL"));
+    }
+}
+
+fn record_size(runtime: &Runtime, base: &Path) -> usize {
+    let dir = base.join("probe");
+    let store = Arc::new(WalStore::open(&dir, no_sync()).expect("open the probe WAL"));
     runtime.block_on(async {
         let executor = Executor::builder(store, ())
             .register::<TenSteps>()
