@@ -26,9 +26,9 @@
 //! For profiling, `-- --cell store:256` (or `wal:256`, `mem:256`) runs one cell alone for
 //! the cell's time and prints its rate: `WalStore::commit` alone, the executor on the
 //! durable WAL, or the executor on `MemStore`; `yield:256` the executor on a `MemStore`
-//! whose commit suspends once, as a durable one's does (`compare/yielding.rs`);
+//! whose commit suspends once, as a durable one's does (`compare/suspending.rs`);
 //! `answered:256` one whose commits wait for a thread that answers them in groups, the
-//! WAL's hand-off without the WAL (`compare/answered.rs`); `nosync:256` the executor on
+//! WAL's hand-off without the WAL (`compare/suspending.rs`); `nosync:256` the executor on
 //! the WAL with `SyncMode::NoSync`;
 //! `hand:256` is the hand loop persisting to
 //! a `MemStore` (workload 4's second baseline); `raw:1` is the raw write+fdatasync loop
@@ -67,8 +67,6 @@
 #[cfg(feature = "admin")]
 #[path = "compare/admin.rs"]
 mod admin;
-#[path = "compare/answered.rs"]
-mod answered;
 #[path = "compare/chart.rs"]
 mod chart;
 #[path = "compare/disk_use.rs"]
@@ -102,14 +100,14 @@ mod raw;
 mod restart;
 #[path = "compare/single.rs"]
 mod single;
+#[path = "compare/suspending.rs"]
+mod suspending;
 #[cfg(not(all(feature = "etcd", feature = "postgres", feature = "admin")))]
 #[path = "../tests/support/with_feature.rs"]
 mod with_feature;
 #[cfg(any(feature = "etcd", feature = "postgres"))]
 #[path = "../tests/support/workers.rs"]
 mod workers;
-#[path = "compare/yielding.rs"]
-mod yielding;
 
 use drive::{
     Rate, closed_loop, executor_closed_loop, run_procedures, start_executor, store_commit_loop,
@@ -356,8 +354,8 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             let store: Arc<dyn Store> = match kind {
                 "wal" => Arc::new(WalStore::open(&dir, WalConfig::default()).expect("open WAL")),
                 "nosync" => Arc::new(WalStore::open(&dir, no_sync()).expect("open WAL")),
-                "answered" => Arc::new(answered::Answered::default()),
-                "yield" => Arc::new(yielding::Yielding::default()),
+                "answered" => Arc::new(suspending::Suspending::answered()),
+                "yield" => Arc::new(suspending::Suspending::yielding()),
                 _ => Arc::new(MemStore::new()),
             };
             let (rate, executor) = executor_closed_loop(store, clients, plan.cell).await;
