@@ -448,8 +448,6 @@ fn header(plan: &Plan, dir: &Path) {
     }
 }
 
-/// Runs one procedure on a WAL (without fsync) and measures its records, so the raw loop
-/// writes what a step writes. Returns the mean record size in bytes.
 /// The WAL's settings without `fdatasync`.
 fn no_sync() -> WalConfig {
     WalConfig {
@@ -458,6 +456,8 @@ fn no_sync() -> WalConfig {
     }
 }
 
+/// Runs one procedure on a WAL (without fsync) and measures its records, so the raw loop
+/// writes what a step writes. Returns the mean record size in bytes.
 fn record_size(runtime: &Runtime, base: &Path) -> usize {
     let dir = base.join("probe");
     let store = Arc::new(WalStore::open(&dir, no_sync()).expect("open the probe WAL"));

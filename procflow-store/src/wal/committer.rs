@@ -16,9 +16,10 @@
 //!
 //! Why the same thread syncs the group it wrote, though its CPU work and the disk then
 //! take turns: a second thread that ran each group's `fdatasync` while this one encoded
-//! the next made the groups half as large and cost more CPU per commit, on cores already
-//! busy. It was no faster at 1,024 procedures, 15 % slower for commits alone at 1,024
-//! writers and a quarter slower at 16 procedures (docs/BENCHMARKS.md, stop 52).
+//! the next made the groups half as large, so each commit carried twice the syncs and
+//! hand-offs, on cores already busy. It was no faster at 1,024 procedures, 15 % slower
+//! for commits alone at 1,024 writers and a quarter slower at 16 procedures
+//! (docs/BENCHMARKS.md, stop 52).
 //!
 //! A commit that is the only one in flight, with nothing queued or being served, skips
 //! the thread ([`Inner::serve_inline`], [`WalConfig::inline_lone_commit`](crate::WalConfig::inline_lone_commit)):
