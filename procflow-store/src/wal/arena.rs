@@ -197,20 +197,23 @@ fn pack_beside(
         values.split_off(half),
         ahead.split_off(ahead.len() / 2),
     )));
-    let take = || second.lock().unwrap_or_else(|e| e.into_inner()).take();
+    // The second half packed, with what is left of its memory, by whichever thread
+    // takes it first.
+    let pack_second = || {
+        let taken = second.lock().unwrap_or_else(|e| e.into_inner()).take();
+        taken.map(|(values, mut ahead)| (pack(values, &mut ahead), ahead))
+    };
     std::thread::scope(|scope| {
         let other = std::thread::Builder::new()
             .name("procflow-copy".into())
-            .spawn_scoped(scope, || {
-                take().map(|(values, mut ahead)| (pack(values, &mut ahead), ahead))
-            });
+            .spawn_scoped(scope, pack_second);
         let mut made = pack(values, ahead);
         let (made_second, mut ahead_second) = match other {
             // `pack` only copies and allocates: it cannot panic but by a bug.
             Ok(other) => other.join().expect("the copying thread does not panic"),
             Err(_) => None,
         }
-        .or_else(|| take().map(|(values, mut ahead)| (pack(values, &mut ahead), ahead)))
+        .or_else(pack_second)
         .unwrap_or_default();
         made.extend(made_second);
         ahead.append(&mut ahead_second);

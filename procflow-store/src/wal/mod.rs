@@ -3,8 +3,9 @@
 //! Files by concept: [`record`] encodes one record and its checksums, [`segment`] names
 //! and creates segment files, [`writer`] appends and rolls, [`committer`] is the thread
 //! that writes queued batches and shares one fsync among them, [`recovery`] scans and
-//! replays at open (with [`verify`] checking checksums ahead of it), [`compaction`] reclaims space, [`config`] holds the knobs. The bytes
-//! are described in `docs/FORMAT.md`.
+//! replays at open (with [`verify`] checking checksums ahead of it), [`compaction`]
+//! reclaims space, [`config`] holds the knobs. The bytes are described in
+//! `docs/FORMAT.md`.
 
 mod arena;
 mod committer;

@@ -29,7 +29,8 @@ pub(crate) struct Checked {
 }
 
 impl Checked {
-    fn from(start: usize) -> Self {
+    /// Nothing checked yet; the first record starts at `start`.
+    fn starting_at(start: usize) -> Self {
         Self {
             end: AtomicUsize::new(start),
             stop: AtomicBool::new(false),
@@ -48,7 +49,7 @@ impl Checked {
 /// stopped and joined before this returns: nothing of `segment` is read after. If no
 /// thread can be started, `replay` runs alone and checks every record itself.
 pub(crate) fn beside<R>(segment: &[u8], first: usize, replay: impl FnOnce(&Checked) -> R) -> R {
-    let checked = Checked::from(first);
+    let checked = Checked::starting_at(first);
     if segment.len() < CHECK_BESIDE_FROM {
         // Starting a thread costs more than checking a small segment.
         return replay(&checked);
@@ -120,7 +121,7 @@ mod tests {
     #[test]
     fn the_thread_checks_every_record_of_a_sound_log() {
         let log = records(50);
-        let checked = Checked::from(0);
+        let checked = Checked::starting_at(0);
         check_ahead(&log, 0, &checked);
         assert!(checked.covers(log.len()));
         assert!(!checked.covers(log.len() + 1));
@@ -137,7 +138,7 @@ mod tests {
         assert_eq!(ends.len(), 50);
         let (start, end) = (ends[18], ends[19]);
         log[end - 1] ^= 0x55;
-        let checked = Checked::from(0);
+        let checked = Checked::starting_at(0);
         check_ahead(&log, 0, &checked);
         assert!(checked.covers(start));
         assert!(!checked.covers(end));
