@@ -87,6 +87,8 @@ mod hand_redb;
 mod hand_store;
 #[path = "compare/hbase_store.rs"]
 mod hbase_store;
+#[path = "compare/in_flight.rs"]
+mod in_flight;
 #[path = "compare/machine.rs"]
 mod machine;
 #[path = "compare/parked.rs"]
@@ -409,6 +411,13 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             durability_cost(plan, runtime, base, &mut Summary::default());
             return;
         }
+        "in-flight" => {
+            let bytes = runtime.block_on(in_flight::bytes_per_procedure(clients));
+            println!(
+                "in-flight:{clients}: {bytes:.0} bytes of resident memory per procedure in flight"
+            );
+            return;
+        }
         "overhead" => {
             // `mem_vs_loop` alone, at the given count of clients.
             let turns = runtime.block_on(executor_against_hand_store(clients, plan.cell));
@@ -420,7 +429,7 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             return;
         }
         other => panic!(
-            "unknown cell kind {other}: store, wal, nosync, mem, yield, answered, hand, raw, single, gap, restart, durable or overhead"
+            "unknown cell kind {other}: store, wal, nosync, mem, yield, answered, hand, raw, single, gap, restart, durable, overhead or in-flight"
         ),
     };
     println!("{cell}: {rate:.0}/s");

@@ -270,7 +270,7 @@ fn load(runtime: &Runtime, dir: &Path, n: u64, check: bool) -> (Duration, Durati
 }
 
 /// This process's resident set size (`VmRSS` of `/proc/self/status`), in bytes.
-fn resident_bytes() -> u64 {
+pub fn resident_bytes() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
     let kib: u64 = status
         .lines()

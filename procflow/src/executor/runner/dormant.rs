@@ -10,15 +10,15 @@
 //! again, which takes a running slot (first come, first served, with new submits) and
 //! looks at what it waited for: a rouse is only a prompt, so a stale one costs a look.
 //!
-//! What is parked is the procedure's `Runner` ([`SleepingRunner`]) when it parks as it
-//! runs: it may know more than the store (a failed try, a retry's time). A procedure
+//! What is parked is the procedure's `Runner`, in the box its task ran it from, when it
+//! parks as it runs: it may know more than the store (a failed try, a retry's time). A procedure
 //! loaded suspended at start is parked as its value in the store ([`Reload`]): the
 //! store's bytes, shared, and what the table entry holds. A restart of a million
 //! dormant procedures thus costs about their stored bytes.
 //!
 //! A dormant procedure keeps its for-life locks: the lock table holds them, not a task.
 
-use super::{Exit, Launch, Runner};
+use super::{Exit, Launch, Ready, Runner};
 use crate::executor::builder::{Read, launch_stored};
 use crate::executor::inner::{Entry, Inner, Parked, Sleeper};
 use crate::stored::record::now_ms;
@@ -57,7 +57,10 @@ impl<E: Send + Sync + 'static> Runner<E> {
 
     /// [`Runner::park`] for a procedure already out of the admission count: if it must
     /// go on instead, it is counted in again.
-    pub(super) fn park_counted_out(self, until_ms: Option<u64>) -> Result<(), Box<Self>> {
+    pub(super) fn park_counted_out(
+        self: Box<Self>,
+        until_ms: Option<u64>,
+    ) -> Result<(), Box<Self>> {
         self.park(until_ms)
             .inspect_err(|runner| runner.rejoin_admission())
     }
@@ -71,13 +74,12 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// it must not sleep: it was roused since its last look (a permit is waiting), or
     /// its entry is gone. When the executor no longer runs, the procedure is dropped: it
     /// resumes at the next start.
-    pub(super) fn park(mut self, until_ms: Option<u64>) -> Result<(), Box<Self>> {
+    pub(super) fn park(mut self: Box<Self>, until_ms: Option<u64>) -> Result<(), Box<Self>> {
         // A dormant procedure keeps no more than it needs: its next write makes them again.
         self.procedure.forget_written();
         let inner = Arc::clone(&self.inner);
         let id = self.id;
-        let sleeper = Box::new(SleepingRunner(self));
-        lay_down(&inner, id, until_ms, sleeper).map_err(|sleeper| Box::new(sleeper.0))
+        lay_down(&inner, id, until_ms, self)
     }
 
     /// The span a procedure's task runs in.
@@ -172,13 +174,12 @@ fn lay_down<E, S: Sleeper + 'static>(
     Ok(())
 }
 
-/// A procedure that parked while it ran: its whole `Runner` (which may know more than
-/// its stored value: tries, a retry's time, a refused write).
-struct SleepingRunner<E>(Runner<E>);
-
-impl<E: Send + Sync + 'static> Sleeper for SleepingRunner<E> {
+/// A procedure that parked while it ran sleeps as its whole `Runner` (which may know
+/// more than its stored value: tries, a retry's time, a refused write), in the box its
+/// task ran it from.
+impl<E: Send + Sync + 'static> Sleeper for Runner<E> {
     fn rouse(self: Box<Self>, _entry: &mut Entry) {
-        let runner = self.0;
+        let runner = self;
         tracing::trace!(id = runner.id, "roused");
         runner.rejoin_admission();
         let inner = Arc::clone(&runner.inner);
@@ -264,7 +265,15 @@ impl<E: Send + Sync + 'static> Reload<E> {
         inner.spawn(self.run(wake));
     }
 
-    async fn run(self, wake: Arc<Notify>) {
+    /// Its task: the procedure decoded from its value (in the task, not on the thread
+    /// that roused it), then run.
+    fn run(self, wake: Arc<Notify>) -> impl Future<Output = ()> + Send + 'static + use<E> {
+        super::run_when_ready(futures_util::future::lazy(move |_| self.rebuild(wake)))
+    }
+
+    /// What its task runs, decoded from its value; `None` if that value no longer
+    /// decodes (the procedure is then reported, and left in the store).
+    fn rebuild(self, wake: Arc<Notify>) -> Option<Ready<E>> {
         let Reload {
             inner,
             id,
@@ -280,9 +289,7 @@ impl<E: Send + Sync + 'static> Reload<E> {
         match loaded {
             Ok(mut launch) => {
                 launch.holding = holding;
-                let runner = Runner::new(&inner, launch, wake);
-                let span = runner.span();
-                runner.run().instrument(span).await;
+                Some((inner, launch, wake))
             }
             // The same bytes decoded at start but for the history (`Read::AtStart`), so
             // this is not expected; if it happens the procedure is reported, as one
@@ -290,6 +297,7 @@ impl<E: Send + Sync + 'static> Reload<E> {
             Err((machine, reason)) => {
                 tracing::error!(id, %machine, %reason, "a parked procedure's stored value no longer decodes; left in the store");
                 super::unloadable::give_up(&inner, id, parent, holding, &machine, reason);
+                None
             }
         }
     }
@@ -298,5 +306,22 @@ impl<E: Send + Sync + 'static> Reload<E> {
 impl<E: Send + Sync + 'static> Sleeper for Reload<E> {
     fn rouse(self: Box<Self>, entry: &mut Entry) {
         (*self).start(entry.signal());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::executor::runner::{SMALL_TASK, output_size};
+
+    /// A roused dormant procedure's task holds its stored value until it is decoded,
+    /// then the running procedure, never both (as one `async fn` it was 3,008 bytes).
+    #[test]
+    fn a_roused_procedures_task_is_small() {
+        let size = output_size(|(reload, wake): (Reload<()>, Arc<Notify>)| reload.run(wake));
+        assert!(
+            size <= SMALL_TASK,
+            "a roused procedure's task is {size} bytes"
+        );
     }
 }

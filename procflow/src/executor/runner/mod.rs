@@ -67,9 +67,7 @@ pub(crate) fn launch<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, launch: La
 
 /// Spawns the task of a procedure whose table entry exists (`wake` is its signal).
 fn start<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, launch: Launch<E>, wake: Arc<Notify>) {
-    let runner = Runner::new(inner, launch, wake);
-    let span = runner.span();
-    inner.spawn(runner.run().instrument(span));
+    inner.spawn(task(inner, launch, wake));
 }
 
 /// A procedure loaded at start, its entry in the table, to start once every loaded
@@ -148,14 +146,27 @@ pub(crate) fn parks_at_start(wait: &Wait, newer: bool) -> bool {
     matches!(wait, Wait::Event { .. }) && !newer
 }
 
-/// Runs, in the calling task, a procedure whose table entry exists (a submit's task,
-/// once the procedure is written, goes on as the procedure's: one task, not two).
-pub(crate) async fn run_started<E: Send + Sync + 'static>(
-    inner: &Arc<Inner<E>>,
-    launch: Launch<E>,
-    wake: Arc<Notify>,
-) {
-    task(inner, launch, wake).await;
+/// A procedure made ready to run, its table entry made: what [`run_when_ready`] runs.
+pub(crate) type Ready<E> = (Arc<Inner<E>>, Launch<E>, Arc<Notify>);
+
+/// A task that first makes a procedure ready (`ready`: a submit writes it, a roused
+/// dormant one is decoded from its value), then runs it: one task, not two.
+///
+/// Two futures one after the other (`then`), not one `async fn` awaiting both: the
+/// task's future then holds the first one's state or the procedure's, not both. A future
+/// keeps room for its arguments, and for every local it moves them into, to its end: as
+/// one `async fn`, a submit's task held the submit's data and the `Runner` (twice) beside
+/// the running procedure's state for the procedure's whole life, 3,504 bytes; it is 720
+/// now (`--cell in-flight:N` of the compare bench, docs/BENCHMARKS.md).
+pub(crate) fn run_when_ready<E: Send + Sync + 'static>(
+    ready: impl Future<Output = Option<Ready<E>>> + Send + 'static,
+) -> impl Future<Output = ()> + Send + 'static {
+    ready
+        .then(|ready| {
+            let task = ready.map(|(inner, launch, wake)| task(&inner, launch, wake));
+            futures_util::future::OptionFuture::from(task)
+        })
+        .map(drop)
 }
 
 /// A procedure's task.
@@ -163,8 +174,8 @@ fn task<E: Send + Sync + 'static>(
     inner: &Arc<Inner<E>>,
     launch: Launch<E>,
     wake: Arc<Notify>,
-) -> impl Future<Output = ()> + Send + 'static {
-    let runner = Runner::new(inner, launch, wake);
+) -> impl Future<Output = ()> + Send + 'static + use<E> {
+    let runner = Box::new(Runner::new(inner, launch, wake));
     let span = runner.span();
     runner.run().instrument(span)
 }
@@ -370,7 +381,11 @@ struct Runner<E> {
 
 impl<E: Send + Sync + 'static> Runner<E> {
     /// The procedure's task: turns until it ends, the executor stops, or it parks.
-    async fn run(mut self) {
+    ///
+    /// Boxed (see [`run_when_ready`]): passed by value, the `Runner` (608 bytes) sat in
+    /// the task's future twice, as the argument and as the local it is moved into. A
+    /// parked `Runner` sleeps in the same box.
+    async fn run(mut self: Box<Self>) {
         let inner = Arc::clone(&self.inner);
         loop {
             // Only root procedures take a running slot: a child runs on its root's behalf,
@@ -401,7 +416,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             // Counted out by `park_until`.
             match self.park_counted_out(until) {
                 Ok(()) => return,
-                Err(runner) => self = *runner,
+                Err(runner) => self = runner,
             }
         }
     }
@@ -932,4 +947,29 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "non-string panic payload".to_owned())
+}
+
+/// The size of what `make` returns, without calling it: for a function that returns a
+/// future, the size of that future's state, which the compiler fixes.
+#[cfg(test)]
+pub(crate) fn output_size<A, R>(_make: impl FnOnce(A) -> R) -> usize {
+    size_of::<R>()
+}
+
+/// What a task of the executor may cost a procedure in flight, for the whole of its life.
+#[cfg(test)]
+pub(crate) const SMALL_TASK: usize = 1024;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A procedure's task holds its state while it waits, not a second copy of its
+    /// `Runner` (608 bytes) beside it: passed to an `async fn` by value, it was both
+    /// the argument and the local it was moved into.
+    #[test]
+    fn a_procedures_task_is_small() {
+        let size = output_size(|(inner, launch, wake): Ready<()>| task(&inner, launch, wake));
+        assert!(size <= SMALL_TASK, "a procedure's task is {size} bytes");
+    }
 }
