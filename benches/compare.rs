@@ -41,6 +41,9 @@
 //! each with its two sides taking turns as in the full run. `-- --cell restart:N` builds workload 6's log of N
 //! procedures, then restarts on it five times (page cache warm), each in a fresh process;
 //! with `--log DIR` it keeps the log in DIR, or restarts on the one DIR already holds.
+//! `-- --cell in-flight:N` prints the resident memory of a procedure in flight (N
+//! procedures whose handler never returns, each keeping its task: `compare/in_flight.rs`).
+//! `-- --cell-ms MS` sets every cell's time (for a run under valgrind).
 //! `-- --history N` runs every workload with `Config::history = N` (default 32), to
 //! measure what the step history costs.
 //!
@@ -136,7 +139,7 @@ impl Plan {
         let quick = std::env::args().any(|arg| arg == "--quick");
         Plan {
             quick,
-            cell: Duration::from_millis(if quick { 1000 } else { 4000 }),
+            cell: Duration::from_millis(cell_ms_arg().unwrap_or(if quick { 1000 } else { 4000 })),
             // 1024 in both modes: `wal1024_vs_mem` is part of the summary.
             concurrency: &[1, 16, 256, 1024],
         }
@@ -334,6 +337,18 @@ fn cell_arg() -> Option<String> {
 }
 
 /// The value of `--log`: where `--cell restart:N` keeps its log, or finds one.
+/// `--cell-ms MS`: each cell's time, for a run under a simulator (valgrind runs the bench
+/// about 50 times slower, so a second's cell holds a few thousand steps).
+fn cell_ms_arg() -> Option<u64> {
+    let args: Vec<String> = std::env::args().collect();
+    let at = args.iter().position(|arg| arg == "--cell-ms")?;
+    Some(
+        args.get(at + 1)
+            .and_then(|ms| ms.parse().ok())
+            .expect("--cell-ms MS"),
+    )
+}
+
 fn log_arg() -> Option<PathBuf> {
     let args: Vec<String> = std::env::args().collect();
     let at = args.iter().position(|arg| arg == "--log")?;
