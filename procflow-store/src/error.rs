@@ -103,15 +103,13 @@ impl StoreError {
 
     /// A copy of this error, for the members of a group commit that share one result
     /// (errors are not `Clone`: an `io::Error` is copied as its kind and message).
+    ///
+    /// Every variant is copied as itself, with no catch-all: a member given another
+    /// variant would be told something else than the others, such as a refusal that
+    /// changed nothing (`Encoding`) where the outcome is unknown (`Poisoned`).
     #[cfg(any(feature = "etcd", feature = "postgres"))]
     pub(crate) fn duplicate(&self) -> Self {
         match self {
-            StoreError::Fenced { token, highest } => StoreError::Fenced {
-                token: *token,
-                highest: *highest,
-            },
-            StoreError::UnknownProcedure(id) => StoreError::UnknownProcedure(*id),
-            StoreError::MetaExists { key } => StoreError::MetaExists { key: key.clone() },
             StoreError::Io {
                 context,
                 path,
@@ -121,9 +119,33 @@ impl StoreError {
                 path: path.clone(),
                 source: io::Error::new(source.kind(), source.to_string()),
             },
-            other => StoreError::Encoding {
-                reason: other.to_string(),
+            StoreError::Corrupt {
+                file,
+                offset,
+                reason,
+            } => StoreError::Corrupt {
+                file: file.clone(),
+                offset: *offset,
+                reason: reason.clone(),
             },
+            StoreError::Locked { dir } => StoreError::Locked { dir: dir.clone() },
+            StoreError::NotAStore { dir } => StoreError::NotAStore { dir: dir.clone() },
+            StoreError::Poisoned => StoreError::Poisoned,
+            StoreError::Fenced { token, highest } => StoreError::Fenced {
+                token: *token,
+                highest: *highest,
+            },
+            StoreError::TooLarge { what, size, limit } => StoreError::TooLarge {
+                what,
+                size: *size,
+                limit: *limit,
+            },
+            StoreError::Closed => StoreError::Closed,
+            StoreError::Encoding { reason } => StoreError::Encoding {
+                reason: reason.clone(),
+            },
+            StoreError::UnknownProcedure(id) => StoreError::UnknownProcedure(*id),
+            StoreError::MetaExists { key } => StoreError::MetaExists { key: key.clone() },
         }
     }
 
@@ -201,6 +223,49 @@ mod tests {
             StoreError::Closed,
         ] {
             assert!(!refusal.may_have_applied(), "{refusal}");
+        }
+    }
+
+    /// A group commit's members each get a copy of one error: the same variant, the
+    /// same message, the same answer to whether the batch may have applied.
+    #[cfg(any(feature = "etcd", feature = "postgres"))]
+    #[test]
+    fn a_duplicate_is_the_same_error() {
+        let every = [
+            StoreError::io("writing", "/s/x.wal", io::Error::other("disk gone")),
+            StoreError::Corrupt {
+                file: "/s/x.wal".into(),
+                offset: 96,
+                reason: "checksum".into(),
+            },
+            StoreError::Locked { dir: "/s".into() },
+            StoreError::NotAStore { dir: "/s".into() },
+            StoreError::Poisoned,
+            StoreError::Fenced {
+                token: 3,
+                highest: 4,
+            },
+            StoreError::TooLarge {
+                what: "ops per batch",
+                size: 129,
+                limit: 128,
+            },
+            StoreError::Closed,
+            StoreError::Encoding {
+                reason: "bad".into(),
+            },
+            StoreError::UnknownProcedure(7),
+            StoreError::MetaExists { key: "k".into() },
+        ];
+        for error in every {
+            let copy = error.duplicate();
+            assert_eq!(
+                std::mem::discriminant(&copy),
+                std::mem::discriminant(&error),
+                "{error}"
+            );
+            assert_eq!(copy.to_string(), error.to_string());
+            assert_eq!(copy.may_have_applied(), error.may_have_applied(), "{error}");
         }
     }
 
