@@ -329,30 +329,32 @@ fn admin_main() {
     });
 }
 
-/// The value of `--cell`, if given.
-fn cell_arg() -> Option<String> {
+/// The value after `flag` on the command line, if the flag is given; `usage` is the
+/// panic's message when the value is missing or does not parse.
+pub fn flag_value<T: std::str::FromStr>(flag: &str, usage: &str) -> Option<T> {
     let args: Vec<String> = std::env::args().collect();
-    let at = args.iter().position(|arg| arg == "--cell")?;
-    Some(args.get(at + 1).expect("--cell KIND:CONCURRENCY").clone())
-}
-
-/// The value of `--log`: where `--cell restart:N` keeps its log, or finds one.
-/// `--cell-ms MS`: each cell's time, for a run under a simulator (valgrind runs the bench
-/// about 50 times slower, so a second's cell holds a few thousand steps).
-fn cell_ms_arg() -> Option<u64> {
-    let args: Vec<String> = std::env::args().collect();
-    let at = args.iter().position(|arg| arg == "--cell-ms")?;
+    let at = args.iter().position(|arg| arg == flag)?;
     Some(
         args.get(at + 1)
-            .and_then(|ms| ms.parse().ok())
-            .expect("--cell-ms MS"),
+            .and_then(|value| value.parse().ok())
+            .expect(usage),
     )
 }
 
+/// The value of `--cell`, if given.
+fn cell_arg() -> Option<String> {
+    flag_value("--cell", "--cell KIND:CONCURRENCY")
+}
+
+/// `--cell-ms MS`: each cell's time, for a run under a simulator (valgrind runs the bench
+/// about 50 times slower, so a second's cell holds a few thousand steps).
+fn cell_ms_arg() -> Option<u64> {
+    flag_value("--cell-ms", "--cell-ms MS")
+}
+
+/// The value of `--log`: where `--cell restart:N` keeps its log, or finds one.
 fn log_arg() -> Option<PathBuf> {
-    let args: Vec<String> = std::env::args().collect();
-    let at = args.iter().position(|arg| arg == "--log")?;
-    Some(PathBuf::from(args.get(at + 1).expect("--log DIR")))
+    flag_value("--log", "--log DIR")
 }
 
 /// Runs one cell alone (for a profiler).

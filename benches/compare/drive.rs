@@ -175,11 +175,7 @@ pub async fn executor_closed_loop(
 /// The executor's settings in every workload: the defaults, but for `-- --history N`,
 /// the step-history entries each record keeps (to measure what the history costs).
 pub fn config() -> Config {
-    let args: Vec<String> = std::env::args().collect();
-    let history = args.iter().position(|arg| arg == "--history").map(|at| {
-        let value = args.get(at + 1).and_then(|n| n.parse().ok());
-        value.expect("--history N: the entries each record keeps")
-    });
+    let history = crate::flag_value("--history", "--history N: the entries each record keeps");
     let default = Config::default();
     Config {
         history: history.unwrap_or(default.history),
