@@ -1,6 +1,9 @@
 //! [`MemStore`]: an in-memory [`Store`] for tests.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Mutex;
+use std::task::{Context, Poll};
 
 use crate::error::StoreError;
 use crate::state::State;
@@ -73,10 +76,25 @@ impl MemStore {
     }
 }
 
+/// The answer of a commit that succeeded. It holds nothing, so boxing it allocates
+/// nothing: a step on a `MemStore` then costs no `malloc` and `free` for its answer
+/// (`async move { result }` was a 64-byte box per commit).
+struct Committed;
+
+impl Future for Committed {
+    type Output = Result<(), StoreError>;
+
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+        Poll::Ready(Ok(()))
+    }
+}
+
 impl Store for MemStore {
     fn commit(&self, batch: Batch) -> BoxFuture<'_, Result<(), StoreError>> {
-        let result = self.commit_now(batch);
-        Box::pin(async move { result })
+        match self.commit_now(batch) {
+            Ok(()) => Box::pin(Committed),
+            Err(error) => Box::pin(async move { Err(error) }),
+        }
     }
 
     fn load(&self) -> BoxFuture<'_, Result<Loaded, StoreError>> {

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 
 use crate::error::StoreError;
 use crate::store::{Batch, Limits, Loaded, Op, ProcId, Record, RecordInfo};
@@ -73,10 +74,14 @@ impl<V> Change<V> {
     }
 }
 
+/// A batch's changes. Nearly every batch is one op (a step's record): its change is kept
+/// inline, not in a vector of its own that every commit allocated and freed.
+pub(crate) type Changes = SmallVec<[Change; 1]>;
+
 /// A batch that passed validation, turned into self-contained changes.
 #[derive(Debug)]
 pub(crate) struct Prepared {
-    pub(crate) changes: Vec<Change>,
+    pub(crate) changes: Changes,
     pub(crate) fencing_token: Option<u64>,
     /// The batch's op buffer, emptied: the WAL's committer thread hands it back to the
     /// committing task to free (its `Leftovers` say why).
@@ -108,10 +113,10 @@ pub(crate) struct Checks {
 pub(crate) fn resolve(
     ops: &mut Vec<Op>,
     mut parent_of: impl FnMut(ProcId) -> Option<Option<ProcId>>,
-) -> Result<(Vec<Change>, Checks), StoreError> {
+) -> Result<(Changes, Checks), StoreError> {
     let mut overlay = Overlay::for_ops(ops.len());
     let mut checks = Checks::default();
-    let mut changes = Vec::with_capacity(ops.len());
+    let mut changes = Changes::with_capacity(ops.len());
     for op in ops.drain(..) {
         let change = match op {
             Op::Put { id, parent, value } => {
