@@ -35,7 +35,9 @@
 //! with records of a step's size. `-- --cell single:R` runs workload 1 alone, interleaved
 //! in R rounds over the cell's time; `-- --cell gap:G` runs the raw loop into
 //! preallocated space against the same loop kept busy for G microseconds after each
-//! sync (what a pause between a sync and the next write costs: `compare/gap.rs`).
+//! sync (what a pause between a sync and the next write costs: `compare/gap.rs`);
+//! `-- --cell ahead:S` the raw loop of S-byte records into space written with zeros ahead
+//! (as the WAL allocates it) against the same into `fallocate`d space, taking turns.
 //! `-- --cell durable:1024` measures `wal1024_vs_mem`
 //! alone, `-- --cell overhead:N` `mem_vs_loop` at N clients (the summary's is at 256),
 //! each with its two sides taking turns as in the full run. `-- --cell restart:N` builds workload 6's log of N
@@ -423,6 +425,17 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             );
             return;
         }
+        "ahead" => {
+            // The count after the colon is the record's size in bytes.
+            std::fs::create_dir_all(&dir).expect("create the cell directory");
+            let size = usize::try_from(clients).expect("a record size").max(1);
+            let (zeros, fallocated) = raw::ahead_rates(&dir, size, plan.cell / 20, 10);
+            println!(
+                "ahead:{size}: write+fdatasync into zeros written ahead {zeros:.0}/s, into fallocated space {fallocated:.0}/s, zeros / fallocated {:.2}",
+                zeros / fallocated
+            );
+            return;
+        }
         "durable" => {
             // `wal1024_vs_mem` alone (the count after the colon is ignored).
             durability_cost(plan, runtime, base, &mut Summary::default());
@@ -446,7 +459,7 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             return;
         }
         other => panic!(
-            "unknown cell kind {other}: store, wal, nosync, mem, yield, answered, hand, raw, single, gap, restart, durable, overhead or in-flight"
+            "unknown cell kind {other}: store, wal, nosync, mem, yield, answered, hand, raw, single, gap, ahead, restart, durable, overhead or in-flight"
         ),
     };
     println!("{cell}: {rate:.0}/s");
@@ -591,7 +604,7 @@ fn single_procedure(
     );
     let raw_pre = interleaved.raw_preallocated_per_sec();
     println!(
-        "| the same into preallocated space (`fallocate` ahead, as the WAL does), interleaved | \
+        "| the same into preallocated space (zeros written ahead, as the WAL does), interleaved | \
          {raw_pre:.0} | {raw_pre:.0} | 1.0 | {:.2} |",
         raw_pre / raw_now
     );

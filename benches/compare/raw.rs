@@ -26,8 +26,8 @@ pub struct RawLog {
     record: Vec<u8>,
     /// Where the next record goes.
     end: u64,
-    /// Allocated ahead up to here (`fallocate`), if the log preallocates.
-    reserved: Option<u64>,
+    /// Space is allocated ahead up to here, and how, if the log preallocates.
+    reserved: Option<(u64, Ahead)>,
     /// Busy time after each `fdatasync` before the next write (see [`RawLog::preallocated_pausing`]).
     pause: Duration,
 }
@@ -38,18 +38,29 @@ impl RawLog {
         Self::open(dir.join(format!("raw-{size}.log")), size, None)
     }
 
-    /// A new file in `dir` for `size`-byte records whose space is allocated ahead of
-    /// them, as the WAL's segments are: each `fdatasync` then writes the data without
-    /// a new file length as well.
+    /// A new file in `dir` for `size`-byte records whose space is written with zeros
+    /// ahead of them, as the WAL's segments are: each `fdatasync` then writes the data
+    /// without a new file length, or blocks to convert, as well.
     pub fn preallocated(dir: &Path, size: usize) -> Self {
         Self::open(
             dir.join(format!("raw-{size}-preallocated.log")),
             size,
-            Some(0),
+            Some((0, Ahead::Zeros)),
         )
     }
 
-    fn open(path: PathBuf, size: usize, reserved: Option<u64>) -> Self {
+    /// A new file in `dir` for `size`-byte records whose space is allocated ahead with
+    /// `fallocate`, as the WAL's segments were before stop 54: the `ahead` cell sets it
+    /// against [`preallocated`](Self::preallocated).
+    pub fn fallocated(dir: &Path, size: usize) -> Self {
+        Self::open(
+            dir.join(format!("raw-{size}-fallocated.log")),
+            size,
+            Some((0, Ahead::Fallocate)),
+        )
+    }
+
+    fn open(path: PathBuf, size: usize, reserved: Option<(u64, Ahead)>) -> Self {
         let file = open_empty(&path);
         RawLog {
             path,
@@ -70,7 +81,7 @@ impl RawLog {
             "raw-{size}-preallocated-{}ns.log",
             pause.as_nanos()
         ));
-        let mut log = Self::open(path, size, Some(0));
+        let mut log = Self::open(path, size, Some((0, Ahead::Zeros)));
         log.pause = pause;
         log
     }
@@ -82,9 +93,15 @@ impl RawLog {
         let mut writes = 0u64;
         while start.elapsed() < duration {
             let end = self.end + self.record.len() as u64;
-            if let Some(reserved) = self.reserved.as_mut().filter(|r| **r < end) {
+            if let Some((reserved, how)) = self.reserved.as_mut().filter(|r| r.0 < end) {
+                let from = *reserved;
                 *reserved = end.next_multiple_of(RESERVE_STEP);
-                fs4::FileExt::allocate(&self.file, *reserved).expect("fallocate");
+                match how {
+                    Ahead::Zeros => write_zeros(&self.file, from, *reserved),
+                    Ahead::Fallocate => {
+                        fs4::FileExt::allocate(&self.file, *reserved).expect("fallocate");
+                    }
+                }
             }
             self.file
                 .write_all_at(&self.record, self.end)
@@ -96,6 +113,47 @@ impl RawLog {
         }
         (writes, start.elapsed())
     }
+}
+
+/// How a raw log allocates its space ahead of its records.
+#[derive(Clone, Copy, Debug)]
+enum Ahead {
+    /// Zeros written, as the WAL does: blocks that later writes overwrite in place.
+    Zeros,
+    /// `fallocate`: unwritten blocks, which each sync after a write into them converts.
+    Fallocate,
+}
+
+/// Writes zeros over `from..to` of `file`, as the WAL reserves its segments' space:
+/// blocks written ahead are overwritten in place, so a `fdatasync` writes the data
+/// alone (`fallocate`d blocks would be converted from unwritten to written at each
+/// sync, through the file system's journal: `procflow-store/src/io/fs.rs`, `ZEROS`).
+fn write_zeros(file: &File, from: u64, to: u64) {
+    let zeros = vec![0; 1 << 20];
+    let mut at = from;
+    while at < to {
+        let n = usize::try_from(to - at).map_or(zeros.len(), |n| n.min(zeros.len()));
+        file.write_all_at(&zeros[..n], at)
+            .expect("write zeros ahead");
+        at += n as u64;
+    }
+}
+
+/// Writes/s of the raw loop of `size`-byte records into space written with zeros ahead
+/// and into `fallocate`d space, taking turns for `rounds` rounds of `slice` each (this
+/// disk's speed drifts from second to second): the `ahead` cell.
+pub fn ahead_rates(dir: &Path, size: usize, slice: Duration, rounds: u32) -> (f64, f64) {
+    let mut zeros = RawLog::preallocated(dir, size);
+    let mut fallocated = RawLog::fallocated(dir, size);
+    let (mut z, mut f) = ((0, Duration::ZERO), (0, Duration::ZERO));
+    for _ in 0..rounds {
+        let (writes, took) = zeros.run(slice);
+        z = (z.0 + writes, z.1 + took);
+        let (writes, took) = fallocated.run(slice);
+        f = (f.0 + writes, f.1 + took);
+    }
+    let rate = |(writes, took): (u64, Duration)| writes as f64 / took.as_secs_f64();
+    (rate(z), rate(f))
 }
 
 /// Spins for `pause` (nothing if zero): CPU time, not a sleep, as a step would spend it.

@@ -22,7 +22,7 @@ pub struct Interleaved {
     pub slice: Duration,
     /// Raw write+fdatasync: writes, and the time they took.
     pub raw: (u64, Duration),
-    /// The same into space allocated ahead, as the WAL writes (run right after `raw`,
+    /// The same into space written with zeros ahead, as the WAL writes (run right after `raw`,
     /// in the same turn).
     pub raw_preallocated: (u64, Duration),
     /// One procedure at a time on a durable `WalStore`.

@@ -297,8 +297,8 @@ async fn a_failed_fsync_is_reported_to_the_committer() {
         .unwrap();
 }
 
-/// Allocating a segment's space ahead is a hint: when it fails (a filesystem without
-/// `fallocate`, a full disk) the commit goes on, and the store stops asking.
+/// Allocating a segment's space ahead is a hint: when it fails (a full disk) the commit
+/// goes on, and the store stops asking.
 #[tokio::test]
 async fn a_failed_allocation_ahead_is_not_an_error() {
     let dir = std::path::Path::new("/store");

@@ -657,6 +657,30 @@ async fn the_active_segment_is_allocated_ahead_and_cut_at_close() {
     }
 }
 
+/// The space allocated ahead is written zeros, not `fallocate`d space: on ext4 (and
+/// XFS) `fallocate` leaves unwritten extents, which `SEEK_HOLE` reports as a hole, and
+/// every sync after a write into them converts them through the journal. Run on the
+/// real file system only (the in-memory backend has no blocks).
+#[tokio::test]
+async fn the_space_ahead_is_written_not_a_hole() {
+    let env = Env::fs();
+    let store = env.open(WalConfig::default()).unwrap();
+    store
+        .commit(Batch::new().put(1, None, vec![7; 300]))
+        .await
+        .unwrap();
+    let segment = env.segments()[0].clone();
+    let file = std::fs::File::open(&segment).unwrap();
+    let len = file.metadata().unwrap().len();
+    assert_eq!(len, 4 << 20, "allocated ahead");
+    let hole = rustix::fs::seek(&file, rustix::fs::SeekFrom::Hole(0)).unwrap();
+    assert_eq!(
+        hole, len,
+        "the first hole is at the file's end, not at {hole}"
+    );
+    store.close().await.unwrap();
+}
+
 /// A segment is cut at its last record before the next one starts: recovery reads
 /// anything after the records of a closed segment, zeros too, as corruption.
 #[tokio::test]

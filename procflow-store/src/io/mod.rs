@@ -90,7 +90,8 @@ pub trait LogFile: Send + Sync {
     /// allocated space it writes little more than the data. On this project's ext4 that
     /// made a 258-byte append and `fdatasync` about a third faster
     /// (`docs/BENCHMARKS.md`). The WAL reads zeros past a segment's last record as its
-    /// end.
+    /// end. The file system's backend writes the zeros rather than `fallocate` them, so
+    /// that later syncs need not convert unwritten blocks (`fs.rs`, `ZEROS`).
     ///
     /// A hint: the default does nothing, and an error leaves the file as it was or
     /// partly allocated, which appends and recovery handle alike.

@@ -52,8 +52,9 @@ use std::collections::BTreeMap;
 ///   ([`WalConfig::inline_lone_commit`]; never on a runtime with a single worker
 ///   thread).
 /// * **Space allocated ahead**: with [`SyncMode::Durable`], the active segment's file is
-///   allocated ahead of its records ([`LogFile::reserve`](crate::io::LogFile::reserve)),
-///   so an `fdatasync` writes the data without a new file length to write as well.
+///   written with zeros ahead of its records
+///   ([`LogFile::reserve`](crate::io::LogFile::reserve)), so an `fdatasync` writes the
+///   data without a new file length, or blocks to convert from unwritten, as well.
 ///   The zeros past the last record are cut off at a roll, at close, and by
 ///   recovery after a crash.
 /// * **Compaction**: segments roll at [`WalConfig::segment_size`]; live entries left in
