@@ -25,6 +25,7 @@ on_both_stores! {
     panicking_handler_fails_only_its_procedure => panicking_handler_fails_only_its_procedure;
     kill_before_every_write_still_counts_26 => kill_before_every_write_still_counts_26;
     kill_after_every_write_still_counts_26 => kill_after_every_write_still_counts_26;
+    a_kill_hook_sees_the_writes_numbered_in_order => a_kill_hook_sees_the_writes_numbered_in_order;
     ids_are_monotonic_across_restarts => ids_are_monotonic_across_restarts;
     nonce_returns_the_same_id_also_after_restart => nonce_returns_the_same_id_also_after_restart;
     concurrent_submits_with_one_nonce_make_one_procedure => concurrent_submits_with_one_nonce_make_one_procedure;
@@ -287,6 +288,37 @@ async fn kill_before_every_write_still_counts_26(store: TestStore) {
 
 async fn kill_after_every_write_still_counts_26(store: TestStore) {
     kill_at_every_write(store, WritePoint::After).await;
+}
+
+/// A kill hook sees each store write twice, before and after it, numbered from 0 in
+/// the order the executor issued them: the submit's, three steps' and the finish's (the
+/// number is counted only when there is a hook, so this checks that it still is).
+async fn a_kill_hook_sees_the_writes_numbered_in_order(store: TestStore) {
+    let ledger = Ledger::default();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let executor = {
+        let seen = Arc::clone(&seen);
+        store
+            .builder(&ledger)
+            .register::<CounterState>()
+            .kill_hook(move |write: &procflow::executor::StoreWrite| {
+                seen.lock().unwrap().push((write.index, write.point));
+                false
+            })
+            .start()
+            .await
+            .unwrap()
+    };
+    let id = executor.submit(Counter::named("p")).await.unwrap();
+    assert_eq!(
+        executor.wait(id).bounded().await.unwrap(),
+        Outcome::Succeeded
+    );
+    executor.shutdown().bounded().await.unwrap();
+    let expected: Vec<_> = (0..5)
+        .flat_map(|index| [(index, WritePoint::Before), (index, WritePoint::After)])
+        .collect();
+    assert_eq!(*seen.lock().unwrap(), expected);
 }
 
 async fn ids_are_monotonic_across_restarts(store: TestStore) {

@@ -100,6 +100,8 @@ pub(crate) struct Inner<E> {
     pub(crate) hook: Option<Arc<dyn KillHook>>,
     /// Carried by every batch; see [`ExecutorBuilder::fencing_token`](super::ExecutorBuilder::fencing_token).
     pub(crate) fencing_token: Option<u64>,
+    /// Writes so far, for the kill hook's [`StoreWrite::index`]; counted only when
+    /// there is a hook.
     pub(crate) writes: AtomicU64,
     pub(crate) tasks: TaskTracker,
     /// The tasks that poll the procedures' futures ([`Lanes`](super::lanes::Lanes)),
@@ -672,7 +674,12 @@ impl<E> Inner<E> {
         if let Some(reason) = self.halt_reason() {
             return Err(refused(reason));
         }
-        let index = self.writes.fetch_add(1, Ordering::Relaxed);
+        // Counted only for a kill hook, the one reader: both workers adding to one
+        // atomic on every step moved its cache line between the cores each time.
+        let index = match self.hook {
+            Some(_) => self.writes.fetch_add(1, Ordering::Relaxed),
+            None => 0,
+        };
         let write = |point| StoreWrite {
             procedure: ProcedureId::new(procedure),
             kind,
