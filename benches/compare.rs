@@ -37,7 +37,9 @@
 //! preallocated space against the same loop kept busy for G microseconds after each
 //! sync (what a pause between a sync and the next write costs: `compare/gap.rs`);
 //! `-- --cell ahead:S` the raw loop of S-byte records into space written with zeros ahead
-//! (as the WAL allocates it) against the same into `fallocate`d space, taking turns.
+//! (as the WAL allocates it) against the same into `fallocate`d space, taking turns;
+//! `-- --cell latency:0` the time of a dependent load by working-set size (what a cache
+//! miss costs here: `compare/latency.rs`).
 //! `-- --cell durable:1024` measures `wal1024_vs_mem`
 //! alone, `-- --cell overhead:N` `mem_vs_loop` at N clients (the summary's is at 256),
 //! each with its two sides taking turns as in the full run. `-- --cell restart:N` builds workload 6's log of N
@@ -94,6 +96,8 @@ mod hand_store;
 mod hbase_store;
 #[path = "compare/in_flight.rs"]
 mod in_flight;
+#[path = "compare/latency.rs"]
+mod latency;
 #[path = "compare/machine.rs"]
 mod machine;
 #[path = "compare/parked.rs"]
@@ -436,6 +440,17 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             );
             return;
         }
+        "latency" => {
+            // The count after the colon is ignored.
+            for bytes in latency::SIZES {
+                let ns = latency::ns_per_load(bytes);
+                println!(
+                    "latency: {:>7} KiB: {ns:.1} ns per dependent load",
+                    bytes >> 10
+                );
+            }
+            return;
+        }
         "durable" => {
             // `wal1024_vs_mem` alone (the count after the colon is ignored).
             durability_cost(plan, runtime, base, &mut Summary::default());
@@ -459,7 +474,7 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             return;
         }
         other => panic!(
-            "unknown cell kind {other}: store, wal, nosync, mem, yield, answered, hand, raw, single, gap, ahead, restart, durable, overhead or in-flight"
+            "unknown cell kind {other}: store, wal, nosync, mem, yield, answered, hand, raw, single, gap, ahead, latency, restart, durable, overhead or in-flight"
         ),
     };
     println!("{cell}: {rate:.0}/s");

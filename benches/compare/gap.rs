@@ -7,7 +7,7 @@
 //! twice its length per write (docs/BENCHMARKS.md), so this cell tells how much of
 //! `single_vs_prealloc`'s gap is the disk's answer to any pause at all.
 
-use crate::raw::RawLog;
+use crate::raw::{self, RawLog};
 use std::path::Path;
 use std::time::Duration;
 
@@ -26,20 +26,11 @@ pub fn run(base: &Path, record: usize, pause: Duration, slice: Duration, rounds:
     std::fs::create_dir_all(&dir).expect("create the gap directory");
     let mut plain = RawLog::preallocated(&dir, record);
     let mut pausing = RawLog::preallocated_pausing(&dir, record, pause);
-    let (mut plain_total, mut pausing_total) = ((0, Duration::ZERO), (0, Duration::ZERO));
-    for _ in 0..rounds {
-        add(&mut plain_total, plain.run(slice));
-        add(&mut pausing_total, pausing.run(slice));
-    }
+    let (plain_total, pausing_total) = raw::take_turns(&mut plain, &mut pausing, slice, rounds);
     Gap {
         plain_us: per_write_us(plain_total),
         pausing_us: per_write_us(pausing_total),
     }
-}
-
-fn add(total: &mut (u64, Duration), (writes, took): (u64, Duration)) {
-    total.0 += writes;
-    total.1 += took;
 }
 
 fn per_write_us((writes, took): (u64, Duration)) -> f64 {

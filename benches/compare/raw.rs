@@ -145,15 +145,28 @@ fn write_zeros(file: &File, from: u64, to: u64) {
 pub fn ahead_rates(dir: &Path, size: usize, slice: Duration, rounds: u32) -> (f64, f64) {
     let mut zeros = RawLog::preallocated(dir, size);
     let mut fallocated = RawLog::fallocated(dir, size);
-    let (mut z, mut f) = ((0, Duration::ZERO), (0, Duration::ZERO));
-    for _ in 0..rounds {
-        let (writes, took) = zeros.run(slice);
-        z = (z.0 + writes, z.1 + took);
-        let (writes, took) = fallocated.run(slice);
-        f = (f.0 + writes, f.1 + took);
-    }
+    let (z, f) = take_turns(&mut zeros, &mut fallocated, slice, rounds);
     let rate = |(writes, took): (u64, Duration)| writes as f64 / took.as_secs_f64();
     (rate(z), rate(f))
+}
+
+/// Runs `a` and `b` in turns, `slice` each, for `rounds` rounds; returns each one's
+/// writes and the time they took, summed.
+pub fn take_turns(
+    a: &mut RawLog,
+    b: &mut RawLog,
+    slice: Duration,
+    rounds: u32,
+) -> ((u64, Duration), (u64, Duration)) {
+    let add = |total: (u64, Duration), (writes, took): (u64, Duration)| {
+        (total.0 + writes, total.1 + took)
+    };
+    let (mut a_total, mut b_total) = ((0, Duration::ZERO), (0, Duration::ZERO));
+    for _ in 0..rounds {
+        a_total = add(a_total, a.run(slice));
+        b_total = add(b_total, b.run(slice));
+    }
+    (a_total, b_total)
 }
 
 /// Spins for `pause` (nothing if zero): CPU time, not a sleep, as a step would spend it.
