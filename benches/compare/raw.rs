@@ -127,7 +127,8 @@ enum Ahead {
 /// Writes zeros over `from..to` of `file`, as the WAL reserves its segments' space:
 /// blocks written ahead are overwritten in place, so a `fdatasync` writes the data
 /// alone (`fallocate`d blocks would be converted from unwritten to written at each
-/// sync, through the file system's journal: `procflow-store/src/io/fs.rs`, `ZEROS`).
+/// sync, which then writes the file's extent tree too: `procflow-store/src/io/fs.rs`,
+/// `ZEROS`).
 fn write_zeros(file: &File, from: u64, to: u64) {
     let zeros = vec![0; 1 << 20];
     let mut at = from;
