@@ -659,8 +659,8 @@ async fn the_active_segment_is_allocated_ahead_and_cut_at_close() {
 
 /// The space allocated ahead is written zeros, not `fallocate`d space: on ext4 (and
 /// XFS) `fallocate` leaves unwritten extents, which `SEEK_HOLE` reports as a hole, and
-/// every sync after a write into them converts them, writing the extent tree too. Run on the
-/// real file system only (the in-memory backend has no blocks).
+/// every sync after a write into them converts them, writing the extent tree too. Run
+/// on the real file system only (the in-memory backend has no blocks).
 #[tokio::test]
 async fn the_space_ahead_is_written_not_a_hole() {
     let env = Env::fs();

@@ -146,14 +146,14 @@ fn read_ahead(mut file: File) {
 
 /// What [`LogFile::reserve`] writes ahead of a segment's records, a megabyte at a time.
 ///
-/// Why zeros written, not space allocated with `fallocate`: ext4 marks `fallocate`d
-/// blocks unwritten, so every `fdatasync` after a group's write into them had to convert
-/// those blocks to written: a change to the file's extent tree that the sync also
-/// writes to the disk (through the journal, on a file system that has one). Blocks
-/// holding written zeros are overwritten in place, and the sync writes
-/// the data alone. On this project's VM the durable WAL under the executor ran 1.31–1.40
-/// times as fast at 16 procedures and 1.66–1.82 at 64 (docs/BENCHMARKS.md, "Issue 33 in
-/// stop 54"). A reader sees the same bytes either way: zeros past the last record, which
+/// Why zeros written, not space allocated with `fallocate`: ext4 (and XFS) mark
+/// `fallocate`d blocks unwritten, so every `fdatasync` after a group's write into them
+/// had to convert those blocks to written: a change to the file's extent tree that the
+/// sync also writes to the disk (through the journal, on a file system that has one).
+/// Blocks holding written zeros are overwritten in place, and the sync writes the data
+/// alone. On this project's VM the durable WAL under the executor ran 1.31–1.40 times as
+/// fast at 16 procedures and 1.66–1.82 at 64 (docs/BENCHMARKS.md, "Issue 33 in stop
+/// 54"). A reader sees the same bytes either way: zeros past the last record, which
 /// recovery reads as the end. The cost: the log's space is written twice, zeros first.
 ///
 /// Zero-initialized, so it takes no space in the binary and reading it maps the kernel's
