@@ -6,6 +6,7 @@ use super::error::ExecutorError;
 use super::hooks::{KillHook, StoreWrite, WriteKind, WritePoint};
 use super::packed::PackedInfo;
 use super::permits::Workers;
+use super::signal::Signal;
 use super::status::{Outcome, ProcedureInfo, Unloadable};
 use super::timers::Timers;
 use super::wakes::WakeLog;
@@ -181,7 +182,7 @@ pub(crate) struct Entry {
     /// Wakes the procedure's task: its event fired, or one of its children ended (see
     /// [`Entry::rouse`]). Made when first needed ([`Entry::signal`]): a procedure loaded
     /// dormant has no task to wake, and a million of them would pay 64 bytes each.
-    wake: Option<Arc<Notify>>,
+    wake: Option<Arc<Signal>>,
     /// The procedure itself while it is dormant.
     pub(crate) parked: Option<Parked>,
     /// What callers and operators asked of it and wait on, if anything (see [`Asked`]).
@@ -239,9 +240,39 @@ impl Entry {
         self.asked.as_deref()
     }
 
-    /// What was asked of it, to ask more.
+    /// What was asked of it, to ask more. An abort or a bypass goes through
+    /// [`ask_abort`](Self::ask_abort) or [`ask_bypass`](Self::ask_bypass) instead, which
+    /// also raise its signal's flag.
     pub(crate) fn ask(&mut self) -> &mut Asked {
         self.asked.get_or_insert_with(Box::default)
+    }
+
+    /// Asks it to roll back with `cause` at its next boundary or wait (an earlier cause
+    /// stays).
+    pub(crate) fn ask_abort(&mut self, cause: impl FnOnce() -> Error) {
+        self.ask().abort.get_or_insert_with(cause);
+        self.raise_stop_flag();
+    }
+
+    /// Asks it to be bypassed at its next boundary or wait, by whom and why (an earlier
+    /// request stays).
+    pub(crate) fn ask_bypass(&mut self, by: impl FnOnce() -> (String, String)) {
+        self.ask().bypass.get_or_insert_with(by);
+        self.raise_stop_flag();
+    }
+
+    /// Tells its task, without the table's lock, that a stop was asked (see
+    /// [`Signal`]); a signal made later starts with the flag up.
+    fn raise_stop_flag(&self) {
+        if let Some(wake) = &self.wake {
+            wake.ask_to_stop();
+        }
+    }
+
+    /// Whether an abort or a bypass waits in the entry.
+    fn asked_to_stop(&self) -> bool {
+        self.asked()
+            .is_some_and(|asked| asked.abort.is_some() || asked.bypass.is_some())
     }
 
     /// Takes one thing asked of it (the field `pick` points at), freeing the box once
@@ -301,9 +332,12 @@ impl Entry {
         }
     }
 
-    /// The signal that wakes the procedure's task (see [`Entry::rouse`]).
-    pub(crate) fn signal(&mut self) -> Arc<Notify> {
-        Arc::clone(self.wake.get_or_insert_with(Arc::default))
+    /// The signal that wakes the procedure's task (see [`Entry::rouse`]), and tells it
+    /// that a stop was asked.
+    pub(crate) fn signal(&mut self) -> Arc<Signal> {
+        let asked_to_stop = self.asked_to_stop();
+        let wake = (self.wake).get_or_insert_with(|| Arc::new(Signal::new(asked_to_stop)));
+        Arc::clone(wake)
     }
 
     /// Whether the procedure was roused since its task last looked: takes the permit.
@@ -762,6 +796,29 @@ mod tests {
             }),
             None,
         ))
+    }
+
+    /// A procedure's task learns of an abort or a bypass from its signal, without the
+    /// table's lock: the flag is up whether the request came before the signal was made
+    /// or after. A caller waiting for the outcome asks nothing that stops it.
+    #[test]
+    fn the_signal_tells_a_stop_was_asked_whenever_it_was() {
+        let mut early = entry(1);
+        early.ask_abort(|| Error::fatal("aborted"));
+        assert!(early.signal().may_be_asked_to_stop(), "asked before");
+
+        let mut late = entry(2);
+        let signal = late.signal();
+        assert!(!signal.may_be_asked_to_stop());
+        late.ask_bypass(|| ("operator".into(), "stuck".into()));
+        assert!(signal.may_be_asked_to_stop(), "asked after");
+
+        let mut waited = entry(3);
+        let signal = waited.signal();
+        assert!(waited.await_outcome().is_ok());
+        assert!(!signal.may_be_asked_to_stop(), "a wait is no stop");
+        waited.ask_abort(|| Error::fatal("aborted"));
+        assert!(signal.may_be_asked_to_stop());
     }
 
     /// The sweep drops the channels no one listens to, keeps those with receivers, and

@@ -57,6 +57,7 @@ pub(crate) mod packed;
 mod permits;
 mod requests;
 mod runner;
+mod signal;
 pub(crate) mod status;
 mod submit;
 mod timers;
@@ -360,10 +361,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
             .procs
             .get_mut(&id.get())
             .ok_or(ExecutorError::NotFound(id))?;
-        entry
-            .ask()
-            .abort
-            .get_or_insert_with(|| Error::fatal("aborted on request"));
+        entry.ask_abort(|| Error::fatal("aborted on request"));
         entry.rouse();
         Ok(())
     }

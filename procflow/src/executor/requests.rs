@@ -199,7 +199,7 @@ fn hand_to_procedures<E>(inner: &Inner<E>, request: &Request) -> Pending {
         Action::Abort(id) => {
             let cause = Error::fatal(format!("aborted by {}: {}", request.by, request.reason));
             Pending::Marked(hand_over(inner, &[*id], |entry| {
-                entry.ask().abort.get_or_insert_with(|| cause.clone());
+                entry.ask_abort(|| cause.clone());
             }))
         }
         Action::Bypass { id, recursive } => {
@@ -211,7 +211,7 @@ fn hand_to_procedures<E>(inner: &Inner<E>, request: &Request) -> Pending {
             ids.push(*id);
             let asked = (request.by.clone(), request.reason.clone());
             Pending::Marked(hand_over(inner, &ids, |entry| {
-                entry.ask().bypass.get_or_insert_with(|| asked.clone());
+                entry.ask_bypass(|| asked.clone());
             }))
         }
     }

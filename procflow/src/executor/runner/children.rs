@@ -355,7 +355,7 @@ fn stop_children<E>(inner: &Inner<E>, ids: &[u64], cause: &Error) {
     let mut table = inner.table();
     for id in ids {
         if let Some(entry) = table.procs.get_mut(id) {
-            entry.ask().abort.get_or_insert_with(|| cause.clone());
+            entry.ask_abort(|| cause.clone());
             entry.rouse();
         }
     }

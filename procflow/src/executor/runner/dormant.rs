@@ -21,12 +21,12 @@
 use super::{Exit, Launch, Ready, Runner};
 use crate::executor::builder::{Read, launch_stored};
 use crate::executor::inner::{Entry, Inner, Parked, Sleeper};
+use crate::executor::signal::Signal;
 use crate::stored::record::now_ms;
 use procflow_store::Bytes;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tokio::sync::Notify;
 use tracing::Instrument;
 
 impl<E: Send + Sync + 'static> Runner<E> {
@@ -258,7 +258,7 @@ impl<E: Send + Sync + 'static> Reload<E> {
     }
 
     /// Gives it a task, counted in again, whose runner `wake` wakes.
-    fn start(self, wake: Arc<Notify>) {
+    fn start(self, wake: Arc<Signal>) {
         tracing::trace!(id = self.id, "roused");
         rejoin_admission(&self.inner, self.parent());
         let inner = Arc::clone(&self.inner);
@@ -267,13 +267,13 @@ impl<E: Send + Sync + 'static> Reload<E> {
 
     /// Its task: the procedure decoded from its value (in the task, not on the thread
     /// that roused it), then run.
-    fn run(self, wake: Arc<Notify>) -> impl Future<Output = ()> + Send + 'static + use<E> {
+    fn run(self, wake: Arc<Signal>) -> impl Future<Output = ()> + Send + 'static + use<E> {
         super::run_when_ready(futures_util::future::lazy(move |_| self.rebuild(wake)))
     }
 
     /// What its task runs, decoded from its value; `None` if that value no longer
     /// decodes (the procedure is then reported, and left in the store).
-    fn rebuild(self, wake: Arc<Notify>) -> Option<Ready<E>> {
+    fn rebuild(self, wake: Arc<Signal>) -> Option<Ready<E>> {
         let Reload {
             inner,
             id,
@@ -318,7 +318,7 @@ mod tests {
     /// then the running procedure, never both (as one `async fn` it was 3,008 bytes).
     #[test]
     fn a_roused_procedures_task_is_small() {
-        let size = output_size(|(reload, wake): (Reload<()>, Arc<Notify>)| reload.run(wake));
+        let size = output_size(|(reload, wake): (Reload<()>, Arc<Signal>)| reload.run(wake));
         assert!(
             size <= SMALL_TASK,
             "a roused procedure's task is {size} bytes"

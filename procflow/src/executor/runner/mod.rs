@@ -19,6 +19,7 @@ use super::hooks::WriteKind;
 use super::inner::{Entry, Inner, Settled};
 use super::packed::{PackedInfo, Snapshot};
 use super::permits::Permit;
+use super::signal::Signal;
 use super::status::{Status, status_of};
 use super::wakes::StepStart;
 use crate::locks::{Hold, LockKeyError, Locks};
@@ -31,7 +32,6 @@ use procflow_store::{Batch, Bytes};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
-use tokio::sync::Notify;
 use tracing::Instrument;
 
 /// A stored procedure, decoded.
@@ -66,7 +66,7 @@ pub(crate) fn launch<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, launch: La
 }
 
 /// Spawns the task of a procedure whose table entry exists (`wake` is its signal).
-fn start<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, launch: Launch<E>, wake: Arc<Notify>) {
+fn start<E: Send + Sync + 'static>(inner: &Arc<Inner<E>>, launch: Launch<E>, wake: Arc<Signal>) {
     inner.spawn(task(inner, launch, wake));
 }
 
@@ -83,7 +83,7 @@ pub(crate) enum Resumed<E> {
     },
     /// It runs: it gets a task. (Boxed: most loaded procedures are dormant, and the
     /// list of them is as long as the store.)
-    Runnable(Box<Launch<E>>, Arc<Notify>),
+    Runnable(Box<Launch<E>>, Arc<Signal>),
 }
 
 impl<E: Send + Sync + 'static> Resumed<E> {
@@ -147,7 +147,7 @@ pub(crate) fn parks_at_start(wait: &Wait, newer: bool) -> bool {
 }
 
 /// A procedure made ready to run, its table entry made: what [`run_when_ready`] runs.
-pub(crate) type Ready<E> = (Arc<Inner<E>>, Launch<E>, Arc<Notify>);
+pub(crate) type Ready<E> = (Arc<Inner<E>>, Launch<E>, Arc<Signal>);
 
 /// A task that first makes a procedure ready (`ready`: a submit writes it, a roused
 /// dormant one is decoded from its value), then runs it: one task, not two.
@@ -173,7 +173,7 @@ pub(crate) fn run_when_ready<E: Send + Sync + 'static>(
 fn task<E: Send + Sync + 'static>(
     inner: &Arc<Inner<E>>,
     launch: Launch<E>,
-    wake: Arc<Notify>,
+    wake: Arc<Signal>,
 ) -> impl Future<Output = ()> + Send + 'static + use<E> {
     let runner = Box::new(Runner::new(inner, launch, wake));
     let span = runner.span();
@@ -181,7 +181,7 @@ fn task<E: Send + Sync + 'static>(
 }
 
 impl<E: Send + Sync + 'static> Runner<E> {
-    fn new(inner: &Arc<Inner<E>>, launch: Launch<E>, wake: Arc<Notify>) -> Self {
+    fn new(inner: &Arc<Inner<E>>, launch: Launch<E>, wake: Arc<Signal>) -> Self {
         // A procedure stored stuck goes on counting its tries, and is reported stuck.
         let trouble = launch.envelope.trouble.as_ref();
         let attempts = trouble.map_or(0, |t| t.attempts);
@@ -222,7 +222,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
 }
 
 /// The table entry for a procedure, created if missing; returns its wake-up signal.
-pub(crate) fn insert_entry<E>(inner: &Inner<E>, launch: &Launch<E>) -> Arc<Notify> {
+pub(crate) fn insert_entry<E>(inner: &Inner<E>, launch: &Launch<E>) -> Arc<Signal> {
     let info = launch.info();
     let mut table = inner.table();
     insert_entry_locked(&mut table, launch, info).signal()
@@ -244,7 +244,7 @@ pub(crate) fn insert_loaded<E>(
     let mut table = inner.table();
     let entry = insert_entry_locked(&mut table, launch, info);
     if aborted {
-        entry.ask().abort = Some(crate::Error::fatal("aborted on request"));
+        entry.ask_abort(|| crate::Error::fatal("aborted on request"));
     }
     if let Some(event) = event {
         table.listen(event, launch.id);
@@ -296,7 +296,7 @@ fn insert_entry_locked<'t, E>(
 
 /// The signal that wakes procedure `id`'s task (see [`Entry::signal`]); one linked to
 /// nothing if its entry is gone (the task then finds it gone at its first look).
-pub(crate) fn signal_of<E>(inner: &Inner<E>, id: u64) -> Arc<Notify> {
+pub(crate) fn signal_of<E>(inner: &Inner<E>, id: u64) -> Arc<Signal> {
     let mut table = inner.table();
     table
         .procs
@@ -338,7 +338,7 @@ struct Runner<E> {
     procedure: Box<dyn DynProcedure<E>>,
     envelope: Envelope,
     ctx: Context<E>,
-    wake: Arc<Notify>,
+    wake: Arc<Signal>,
     /// Failures of the current step in a row.
     attempts: u32,
     /// The state whose handler ran last, and which handler (for its history entry).

@@ -33,12 +33,12 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// An operator's bypass interrupts it too, wherever it is, past a point of no return
     /// as well ([`interrupt`](Self::interrupt) then bypasses instead of rolling back).
     pub(super) fn interruption(&self) -> Option<Error> {
-        // One look at the table per turn: it is on every step's path.
-        let (bypass, aborted) = match self.inner.table().procs.get(&self.id) {
-            Some(entry) => entry.asked().map_or((false, None), |asked| {
-                (asked.bypass.is_some(), asked.abort.clone())
-            }),
-            None => (false, None),
+        // A look at the table only once the signal says a stop was asked: the table's
+        // lock on every step's path was shared by all the workers (`signal.rs`).
+        let (bypass, aborted) = if self.wake.may_be_asked_to_stop() {
+            self.asked_to_stop()
+        } else {
+            (false, None)
         };
         if bypass {
             return Some(Error::fatal("bypassed by an operator"));
@@ -58,6 +58,16 @@ impl<E: Send + Sync + 'static> Runner<E> {
                 .is_some_and(|deadline| now_ms() >= deadline)
                 .then(|| timed_out(self.procedure.state()))
         })
+    }
+
+    /// Whether a bypass was asked, and the abort asked, if any: one look at the table.
+    fn asked_to_stop(&self) -> (bool, Option<Error>) {
+        match self.inner.table().procs.get(&self.id) {
+            Some(entry) => entry.asked().map_or((false, None), |asked| {
+                (asked.bypass.is_some(), asked.abort.clone())
+            }),
+            None => (false, None),
+        }
     }
 
     /// Starts the rollback after an interruption and persists it.
