@@ -82,13 +82,15 @@ impl<E: Send + Sync + 'static> Runner<E> {
         lay_down(&inner, id, until_ms, self)
     }
 
-    /// The span a procedure's task runs in.
-    pub(super) fn span(&self) -> tracing::Span {
-        tracing::info_span!(
+    /// [`run`](Runner::run), in the span a procedure's task runs in: what a task of a
+    /// new or resumed procedure, and of a parked one roused, runs.
+    pub(super) fn run_in_span(self: Box<Self>) -> impl Future<Output = ()> + Send + use<E> {
+        let span = tracing::info_span!(
             "procedure",
             id = self.id,
             machine = self.procedure.machine()
-        )
+        );
+        self.run().instrument(span)
     }
 
     /// Waits out a retry's backoff: parked until it is over; an abort or the deadline
@@ -183,8 +185,7 @@ impl<E: Send + Sync + 'static> Sleeper for Runner<E> {
         tracing::trace!(id = runner.id, "roused");
         runner.rejoin_admission();
         let inner = Arc::clone(&runner.inner);
-        let span = runner.span();
-        inner.spawn(runner.run().instrument(span));
+        inner.spawn(runner.run_in_span());
     }
 }
 

@@ -175,9 +175,7 @@ fn task<E: Send + Sync + 'static>(
     launch: Launch<E>,
     wake: Arc<Signal>,
 ) -> impl Future<Output = ()> + Send + 'static + use<E> {
-    let runner = Box::new(Runner::new(inner, launch, wake));
-    let span = runner.span();
-    runner.run().instrument(span)
+    Box::new(Runner::new(inner, launch, wake)).run_in_span()
 }
 
 impl<E: Send + Sync + 'static> Runner<E> {

@@ -36,7 +36,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
         // A look at the table only once the signal says a stop was asked: the table's
         // lock on every step's path was shared by all the workers (`signal.rs`).
         let (bypass, aborted) = if self.wake.may_be_asked_to_stop() {
-            self.asked_to_stop()
+            self.stop_requests()
         } else {
             (false, None)
         };
@@ -61,7 +61,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
     }
 
     /// Whether a bypass was asked, and the abort asked, if any: one look at the table.
-    fn asked_to_stop(&self) -> (bool, Option<Error>) {
+    fn stop_requests(&self) -> (bool, Option<Error>) {
         match self.inner.table().procs.get(&self.id) {
             Some(entry) => entry.asked().map_or((false, None), |asked| {
                 (asked.bypass.is_some(), asked.abort.clone())
