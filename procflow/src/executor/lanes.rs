@@ -43,7 +43,16 @@ type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Lanes per worker thread of the runtime: enough for the runtime to even out the
 /// workers' load by moving whole lanes between them.
-const LANES_PER_WORKER: usize = 4;
+///
+/// Why 16 and not 4, as it first was: with four, a lane held a quarter of its worker's
+/// procedures, and the runtime had eight tasks to balance between two workers. At 16
+/// the workers were busier (1.67–1.69 CPUs against 1.55–1.63 on `mem:1024`) and the
+/// executor on a `MemStore` ran 1.17–1.35 times as fast at 1,024 clients, 1.01–1.15 at
+/// 256, and 1.10–1.17 times with a yield in every step (`yield:1024`); the durable cells
+/// stayed within their spread (docs/BENCHMARKS.md, "Issue 33 in stop 55"). More lanes
+/// mean fewer procedures answered by one wake of a group commit, which is what lanes
+/// are for, and 32 per worker gained nothing more on the `MemStore`.
+const LANES_PER_WORKER: usize = 16;
 
 /// The lanes of one executor, fed round robin.
 pub(crate) struct Lanes {
