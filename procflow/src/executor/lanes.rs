@@ -51,7 +51,8 @@ type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// 256, and 1.10–1.17 times with a yield in every step (`yield:1024`); the durable cells
 /// stayed within their spread (docs/BENCHMARKS.md, "Issue 33 in stop 55"). More lanes
 /// mean fewer procedures answered by one wake of a group commit, which is what lanes
-/// are for, and 32 per worker gained nothing more on the `MemStore`.
+/// are for; 32 per worker gained nothing more on the `MemStore` (1.1 times more on
+/// `yield:1024`, nothing on the durable WAL at 64 per worker).
 const LANES_PER_WORKER: usize = 16;
 
 /// The lanes of one executor, fed round robin.
