@@ -199,10 +199,12 @@ pub(crate) struct Entry {
 #[derive(Default)]
 pub(crate) struct Asked {
     /// Why the procedure must roll back at its next boundary or wait, if it must: an
-    /// abort request, or its parent stopping its children.
-    pub(crate) abort: Option<Error>,
-    /// An operator's bypass to carry out at the next boundary or wait: who, and why.
-    pub(crate) bypass: Option<(String, String)>,
+    /// abort request, or its parent stopping its children. Set only through
+    /// [`Entry::ask_abort`], which raises the signal's flag too: private for that.
+    abort: Option<Error>,
+    /// An operator's bypass to carry out at the next boundary or wait: who, and why. Set
+    /// only through [`Entry::ask_bypass`], for the same reason.
+    bypass: Option<(String, String)>,
     /// Callers of `wake` waiting until this procedure has persisted its wake-up.
     pub(crate) wake_acks: Vec<oneshot::Sender<()>>,
     /// Operator requests (abort, bypass) waiting until this procedure has acted on them
@@ -214,6 +216,16 @@ pub(crate) struct Asked {
 }
 
 impl Asked {
+    /// The abort asked, if any.
+    pub(crate) fn abort(&self) -> Option<&Error> {
+        self.abort.as_ref()
+    }
+
+    /// Whether a bypass was asked.
+    pub(crate) fn bypass_asked(&self) -> bool {
+        self.bypass.is_some()
+    }
+
     fn is_empty(&self) -> bool {
         self.abort.is_none()
             && self.bypass.is_none()
@@ -261,6 +273,16 @@ impl Entry {
         self.raise_stop_flag();
     }
 
+    /// Takes the abort asked of it, if any.
+    pub(crate) fn take_abort(&mut self) -> Option<Error> {
+        self.take_asked(|asked| &mut asked.abort)
+    }
+
+    /// Takes the bypass asked of it, if any: who, and why.
+    pub(crate) fn take_bypass(&mut self) -> Option<(String, String)> {
+        self.take_asked(|asked| &mut asked.bypass)
+    }
+
     /// Tells its task, without the table's lock, that a stop was asked (see
     /// [`Signal`]); a signal made later starts with the flag up.
     fn raise_stop_flag(&self) {
@@ -272,7 +294,7 @@ impl Entry {
     /// Whether an abort or a bypass waits in the entry.
     fn asked_to_stop(&self) -> bool {
         self.asked()
-            .is_some_and(|asked| asked.abort.is_some() || asked.bypass.is_some())
+            .is_some_and(|asked| asked.abort().is_some() || asked.bypass_asked())
     }
 
     /// Takes one thing asked of it (the field `pick` points at), freeing the box once

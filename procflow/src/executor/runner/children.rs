@@ -368,7 +368,7 @@ fn reopen_entry<E>(inner: &Inner<E>, launch: &Launch<E>) {
     match table.procs.get_mut(&launch.id) {
         Some(entry) => {
             entry.finished_ms = None;
-            entry.take_asked(|asked| &mut asked.abort);
+            entry.take_abort();
             entry.info.send_replace(PackedInfo::of(info));
             table.noted(launch.id);
         }

@@ -9,7 +9,7 @@
 use super::{Exit, Runner, dormant};
 use crate::executor::erased::DynProcedure;
 use crate::executor::hooks::WriteKind;
-use crate::executor::inner::{Inner, Settled};
+use crate::executor::inner::{Asked, Inner, Settled};
 use crate::executor::packed::{PackedInfo, Snapshot};
 use crate::executor::status::Status;
 use crate::stored::history::{StepKind, StepOutcome};
@@ -64,7 +64,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
     fn stop_requests(&self) -> (bool, Option<Error>) {
         match self.inner.table().procs.get(&self.id) {
             Some(entry) => entry.asked().map_or((false, None), |asked| {
-                (asked.bypass.is_some(), asked.abort.clone())
+                (asked.bypass_asked(), asked.abort().cloned())
             }),
             None => (false, None),
         }
@@ -99,7 +99,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             .procs
             .get(&self.id)
             .and_then(|entry| entry.asked())
-            .is_some_and(|asked| asked.bypass.is_some())
+            .is_some_and(Asked::bypass_asked)
     }
 
     /// Ends the procedure as bypassed, without running a handler: records who and why,
@@ -110,7 +110,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             .table()
             .procs
             .get_mut(&self.id)
-            .and_then(|entry| entry.take_asked(|asked| &mut asked.bypass));
+            .and_then(|entry| entry.take_bypass());
         let Some((by, reason)) = asked else {
             return Ok(());
         };
