@@ -215,32 +215,6 @@ pub(crate) struct Asked {
     pub(crate) waits: Vec<oneshot::Sender<Outcome>>,
 }
 
-/// The callers of `wait` on a procedure that has just ended, and its outcome: told
-/// ([`Ended::tell`]) once the table's lock is released.
-///
-/// Why not under the lock: telling one wakes its task, which often means a system call
-/// to unpark another worker thread, and a woken caller usually takes the table's lock
-/// at once (to wait for, or submit, its next procedure). Told under the lock, it found
-/// the lock still held and slept on it: one procedure at a time on the WAL paid a futex
-/// wait and wake on every other procedure (docs/BENCHMARKS.md, issue 33 in stop 56).
-#[derive(Default)]
-pub(crate) struct Ended {
-    waits: Vec<oneshot::Sender<Outcome>>,
-    outcome: Option<Outcome>,
-}
-
-impl Ended {
-    /// Tells every caller of `wait` the outcome.
-    pub(crate) fn tell(self) {
-        let Some(outcome) = self.outcome else {
-            return;
-        };
-        for wait in self.waits {
-            let _ = wait.send(outcome.clone()); // A caller that stopped waiting does not mind.
-        }
-    }
-}
-
 impl Asked {
     /// The abort asked, if any.
     pub(crate) fn abort(&self) -> Option<&Error> {
@@ -337,20 +311,17 @@ impl Entry {
     }
 
     /// Publishes the procedure's new snapshot, telling its subscribers if it changed;
-    /// once it has ended, hands back the callers of `wait` to tell how
-    /// ([`Ended::tell`]), once the table's lock is released.
-    #[must_use = "the callers of `wait` are told only by `Ended::tell`"]
-    pub(crate) fn publish(&mut self, info: PackedInfo) -> Ended {
+    /// once it has ended, the callers of `wait` are told how.
+    pub(crate) fn publish(&mut self, info: PackedInfo) {
         self.info.send_if_changed(info);
         if self.asked.is_none() {
-            return Ended::default();
+            return;
         }
         let Some(outcome) = self.info.borrow().outcome() else {
-            return Ended::default();
+            return;
         };
-        Ended {
-            waits: self.take_asked(|asked| &mut asked.waits),
-            outcome: Some(outcome),
+        for wait in self.take_asked(|asked| &mut asked.waits) {
+            let _ = wait.send(outcome.clone()); // A caller that stopped waiting does not mind.
         }
     }
 
@@ -814,13 +785,10 @@ impl<E> Inner<E> {
     pub(crate) fn publish(&self, info: PackedInfo) {
         let mut table = self.table();
         let id = info.id().get();
-        let Some(entry) = table.procs.get_mut(&id) else {
-            return;
-        };
-        let ended = entry.publish(info);
-        table.noted(id);
-        drop(table);
-        ended.tell();
+        if let Some(entry) = table.procs.get_mut(&id) {
+            entry.publish(info);
+            table.noted(id);
+        }
     }
 
     /// Resolves when the mode leaves `Running`.

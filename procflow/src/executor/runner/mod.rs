@@ -16,7 +16,7 @@ mod waits;
 use super::erased::{DynProcedure, DynProgress};
 use super::error::ExecutorError;
 use super::hooks::WriteKind;
-use super::inner::{Ended, Entry, Inner, Settled};
+use super::inner::{Entry, Inner, Settled};
 use super::packed::{PackedInfo, Snapshot};
 use super::permits::Permit;
 use super::signal::Signal;
@@ -772,10 +772,9 @@ impl<E: Send + Sync + 'static> Runner<E> {
         // submit at once.
         self.leave_admission();
         let mut table = self.inner.table();
-        let mut ended = Ended::default();
         if let Some(entry) = table.procs.get_mut(&self.id) {
             entry.finished_ms = self.envelope.finished_ms;
-            ended = entry.publish(PackedInfo::of(info));
+            entry.publish(PackedInfo::of(info));
             table.noted(self.id);
             table.ended_at(self.id, self.envelope.finished_ms);
         }
@@ -783,7 +782,6 @@ impl<E: Send + Sync + 'static> Runner<E> {
             parent.rouse();
         }
         drop(table);
-        ended.tell();
         // An abort that arrived too late, or the bypass that ended it: settled.
         self.settle_requests(&Settled::Done);
         Ok(())
