@@ -6,6 +6,7 @@ use super::config::Config;
 use super::erased::{DynProcedure, Registry};
 use super::error::ExecutorError;
 use super::hooks::KillHook;
+use super::ids::Ids;
 use super::inner::{self, Inner, Mode, Table};
 use super::lanes::Lanes;
 use super::permits::Workers;
@@ -219,7 +220,7 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             self.fencing_token,
         )
         .await?;
-        let table = table_from(&loaded)?;
+        let (table, next_id) = table_from(&loaded)?;
         let inner = Arc::new(Inner {
             workers: Workers::new(self.config.workers.max(1)),
             running: Semaphore::new(self.config.max_running.max(1)),
@@ -230,6 +231,9 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             registry: self.registry,
             table: std::sync::Mutex::new(table),
             locks: LockTable::new(),
+            // Everything below `next_id` may have been handed out before the restart:
+            // the first allocation reserves a new block.
+            ids: Ids::new(next_id),
             id_gate: Arc::new(tokio::sync::Mutex::new(())),
             wake_log: WakeLog::default(),
             mode: watch::Sender::new(Mode::Running),
@@ -338,8 +342,9 @@ async fn store_graphs<E: Send + Sync + 'static>(
     store.commit(batch).await.map_err(ExecutorError::from_store)
 }
 
-/// The id counter and nonces from the store's metadata.
-fn table_from(loaded: &Loaded) -> Result<Table, ExecutorError> {
+/// The nonces from the store's metadata, and the next id to hand out: past the stored
+/// reservation and every stored id.
+fn table_from(loaded: &Loaded) -> Result<(Table, u64), ExecutorError> {
     let read_u64 = |key: &str, bytes: &[u8]| {
         <[u8; 8]>::try_from(bytes)
             .map(u64::from_le_bytes)
@@ -360,14 +365,11 @@ fn table_from(loaded: &Loaded) -> Result<Table, ExecutorError> {
         };
         nonces.insert(nonce.to_owned(), read_u64(key, value)?);
     }
-    Ok(Table {
-        next_id,
-        // Everything up to `next_id` may have been handed out before the restart; the
-        // first allocation reserves a new block.
-        reserved_id: next_id,
+    let table = Table {
         nonces,
         ..Table::default()
-    })
+    };
+    Ok((table, next_id))
 }
 
 /// Rebuilds every stored procedure; starts the unfinished ones.

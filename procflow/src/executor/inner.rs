@@ -4,6 +4,7 @@ use super::config::Config;
 use super::erased::Registry;
 use super::error::ExecutorError;
 use super::hooks::{KillHook, StoreWrite, WriteKind, WritePoint};
+use super::ids::Ids;
 use super::packed::PackedInfo;
 use super::permits::Workers;
 use super::signal::Signal;
@@ -61,8 +62,7 @@ impl Reservation {
 
     /// The batch carrying [`op`](Self::op) landed: ids up to the target may be handed out.
     pub(crate) fn confirm<E>(self, inner: &Inner<E>) {
-        let mut table = inner.table();
-        table.reserved_id = table.reserved_id.max(self.target);
+        inner.ids.confirm(self.target);
     }
 }
 
@@ -92,6 +92,8 @@ pub(crate) struct Inner<E> {
     pub(crate) locks: LockTable,
     /// Serialises writes of the id reservation, so ids are handed out only under a
     /// durable one.
+    /// The ids handed out so far and the durable reservation's end.
+    pub(crate) ids: Ids,
     pub(crate) id_gate: Arc<tokio::sync::Mutex<()>>,
     /// Wakes a running step may still need (see [`WakeLog`]).
     pub(crate) wake_log: WakeLog,
@@ -137,10 +139,6 @@ pub(crate) struct Table {
     /// outside the process, so the seeded variant rather than the fast one of `procs`.
     pub(crate) events: HashMap<Box<str>, Waiters, foldhash::quality::RandomState>,
     pub(crate) unloadable: Vec<Unloadable>,
-    /// The next id to hand out, and the first one not covered by the durable reservation
-    /// in the store.
-    pub(crate) next_id: u64,
-    pub(crate) reserved_id: u64,
     /// The procedures whose snapshots changed since the admin's list last took them.
     pub(crate) journal: super::journal::Journal,
     /// The procedures a channel was made for by `Executor::subscribe`, for
@@ -669,33 +667,19 @@ impl<E> Inner<E> {
     ///
     /// Cancel safe: a dropped call hands out nothing.
     pub(crate) async fn allocate_ids(&self, n: u64) -> (Vec<u64>, Option<Reservation>) {
-        if let Some(ids) = self.take_reserved_ids(n) {
-            return (ids, None);
+        if let Some(ids) = self.ids.take_reserved(n) {
+            return (ids.collect(), None);
         }
         let gate = Arc::clone(&self.id_gate).lock_owned().await;
-        if let Some(ids) = self.take_reserved_ids(n) {
-            return (ids, None);
+        if let Some(ids) = self.ids.take_reserved(n) {
+            return (ids.collect(), None);
         }
-        let mut table = self.table();
-        let first = table.next_id;
-        table.next_id = first.saturating_add(n);
+        let (ids, target) = self.ids.take_beyond(n, ID_BLOCK);
         let reservation = Reservation {
             _gate: gate,
-            target: table.next_id.saturating_add(ID_BLOCK),
+            target,
         };
-        ((first..table.next_id).collect(), Some(reservation))
-    }
-
-    /// `n` ids from the durable reservation, if it still covers them.
-    fn take_reserved_ids(&self, n: u64) -> Option<Vec<u64>> {
-        let mut table = self.table();
-        let first = table.next_id;
-        let end = first.checked_add(n)?;
-        if end > table.reserved_id {
-            return None;
-        }
-        table.next_id = end;
-        Some((first..end).collect())
+        (ids.collect(), Some(reservation))
     }
 
     /// Commits `batch`, consulting the kill hook right before and right after.

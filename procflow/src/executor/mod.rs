@@ -49,6 +49,7 @@ mod config;
 mod erased;
 mod error;
 mod hooks;
+mod ids;
 mod inner;
 mod journal;
 mod lanes;
