@@ -9,8 +9,8 @@
 //! Why atomics and not the table lock: every submit takes an id, and the caller that
 //! submits is often one a procedure's end has just woken, while that procedure still
 //! holds the table lock to finish. One procedure at a time on the WAL, the submit slept
-//! on that lock on every other procedure: 1,541 futex calls in a two-second `wal:1` cell
-//! (docs/BENCHMARKS.md, issue 33 in stop 56).
+//! on that lock on every other procedure: 1,521 futex calls in a two-second `wal:1` cell,
+//! 38 with the atomics (docs/BENCHMARKS.md, issue 33 in stop 56).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};

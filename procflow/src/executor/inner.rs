@@ -90,10 +90,10 @@ pub(crate) struct Inner<E> {
     pub(crate) live_roots: AtomicUsize,
     pub(crate) table: Mutex<Table>,
     pub(crate) locks: LockTable,
-    /// Serialises writes of the id reservation, so ids are handed out only under a
-    /// durable one.
     /// The ids handed out so far and the durable reservation's end.
     pub(crate) ids: Ids,
+    /// Serialises writes of the id reservation, so ids are handed out only under a
+    /// durable one.
     pub(crate) id_gate: Arc<tokio::sync::Mutex<()>>,
     /// Wakes a running step may still need (see [`WakeLog`]).
     pub(crate) wake_log: WakeLog,
