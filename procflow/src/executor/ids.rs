@@ -93,8 +93,16 @@ mod tests {
         assert_eq!(ids.take_reserved(2), Some(12..14));
         assert_eq!(ids.take_reserved(2), None, "only 14 is left below 15");
         assert_eq!(ids.take_reserved(1), Some(14..15));
+        assert_eq!(ids.take_reserved(1), None, "nothing is left below 15");
+    }
+
+    /// A confirmation older than the current reservation does not shrink it.
+    #[test]
+    fn a_reservation_never_shrinks() {
+        let ids = Ids::new(10);
+        ids.confirm(20);
         ids.confirm(12);
-        assert_eq!(ids.take_reserved(1), None, "a reservation never shrinks");
+        assert_eq!(ids.take_reserved(5), Some(10..15));
     }
 
     /// Ids taken from several threads at once are all distinct and all reserved.
