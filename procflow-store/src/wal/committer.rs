@@ -58,9 +58,6 @@ use super::{Inner, Log, compaction, record};
 use crate::error::StoreError;
 use crate::store::{Batch, Limits, Op};
 
-/// The largest record buffer kept between records.
-const SCRATCH_KEPT: usize = 1 << 20;
-
 /// The largest queue vector kept for the next group, in requests: one burst should not
 /// pin its size in memory for good.
 const SPARE_KEPT: usize = 1 << 14;
@@ -345,24 +342,16 @@ fn write(inner: &Inner, log: &mut Log, batch: Batch) -> Result<Leftovers, Fault>
         .state
         .prepare(batch, &Limits::default())
         .map_err(Fault::Refused)?;
-    let Log {
-        writer, scratch, ..
-    } = log;
-    record::encode_into(
-        scratch,
-        record::KIND_BATCH,
-        writer.next_seq(),
-        prepared.fencing_token,
-        &prepared.changes,
-    )
-    .map_err(Fault::Refused)?;
-    let segment = writer
-        .write(scratch)
+    let payload_len = record::payload_len(&prepared.changes).map_err(Fault::Refused)?;
+    let segment = log
+        .writer
+        .append(
+            record::KIND_BATCH,
+            prepared.fencing_token,
+            &prepared.changes,
+            payload_len,
+        )
         .map_err(|e| Fault::Io(inner.poison(e)))?;
-    if scratch.capacity() > SCRATCH_KEPT {
-        // One huge batch should not pin its size in memory for good.
-        *scratch = Vec::new();
-    }
     log.state.observe_token(prepared.fencing_token);
     let mut leftovers = Leftovers {
         _ops: prepared.spent,

@@ -215,8 +215,8 @@ fn rewrite_forward(
         .filter_map(|key| state.current(key))
         .collect();
     for run in runs(&changes, record_bound(writer.segment_size())) {
-        let bytes = record::encode(KIND_COMPACTION, writer.next_seq(), state.highest_token, run)?;
-        let landed = writer.write(&bytes)?;
+        let payload_len = record::payload_len(run)?;
+        let landed = writer.append(KIND_COMPACTION, state.highest_token, run, payload_len)?;
         // To the file now: the buffer holds one record, not the segment's live data.
         writer.flush()?;
         for change in run {

@@ -144,8 +144,6 @@ struct Log {
     closed: bool,
     /// Held until close or drop.
     lock: Option<DirLock>,
-    /// The record being written: one buffer for all of them.
-    scratch: Vec<u8>,
 }
 
 impl WalStore {
@@ -200,7 +198,6 @@ impl WalStore {
                 writer,
                 closed: false,
                 lock: Some(lock),
-                scratch: Vec::new(),
             }),
             queue: Queue::new(spin),
             in_flight: AtomicUsize::new(0),

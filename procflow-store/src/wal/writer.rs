@@ -25,6 +25,7 @@ use super::record;
 use super::segment::{self, SEGMENT_HEADER_LEN};
 use crate::error::StoreError;
 use crate::io::{IoBackend, LogFile};
+use crate::state::Change;
 
 /// How much of the active segment's space is allocated at a time, ahead of its records
 /// (at most up to the segment size). Each step costs one `fdatasync` that commits the
@@ -105,11 +106,6 @@ impl Writer {
         self.buffer.capacity()
     }
 
-    /// The sequence number the next record must carry.
-    pub(crate) fn next_seq(&self) -> u64 {
-        self.next_seq
-    }
-
     /// The size at which the active segment rolls.
     pub(crate) fn segment_size(&self) -> u64 {
         self.segment_size
@@ -138,16 +134,32 @@ impl Writer {
         segment::path(&self.dir, self.active_info().number)
     }
 
-    /// Appends one encoded record carrying sequence number [`Writer::next_seq`], rolling
-    /// first if it would overflow the active segment. Returns the segment it landed in.
-    pub(crate) fn write(&mut self, record: &[u8]) -> Result<u64, StoreError> {
-        let len = record.len() as u64;
+    /// Appends the record of `changes` (`payload_len` bytes of payload, as
+    /// [`record::payload_len`] gave), carrying the next sequence number,
+    /// rolling first if it would overflow the active segment. The record is written
+    /// straight into the buffer of the group. Returns the segment it landed in.
+    pub(crate) fn append(
+        &mut self,
+        kind: u8,
+        fencing_token: Option<u64>,
+        changes: &[Change],
+        payload_len: u32,
+    ) -> Result<u64, StoreError> {
+        let len = (record::RECORD_HEADER_LEN + payload_len as usize) as u64;
         let active = self.active_info();
         if active.len > SEGMENT_HEADER_LEN as u64 && active.len + len > self.segment_size {
             self.roll()?;
         }
         let starts_group = self.sync && self.buffer.is_empty() && !self.unsynced;
-        self.buffer.extend_from_slice(record);
+        let seq = self.next_seq;
+        record::append(
+            &mut self.buffer,
+            kind,
+            seq,
+            fencing_token,
+            changes,
+            payload_len,
+        );
         if starts_group {
             record::mark_group_start(&mut self.buffer);
         }
