@@ -17,6 +17,7 @@ use std::time::Duration;
 
 on_both_stores! {
     runs_to_success_reporting_progress => runs_to_success_reporting_progress;
+    an_ended_procedures_snapshot_stays_its_end => an_ended_procedures_snapshot_stays_its_end;
     failure_rolls_back_newest_first_and_keeps_the_error => failure_rolls_back_newest_first_and_keeps_the_error;
     retryable_errors_are_retried_then_succeed => retryable_errors_are_retried_then_succeed;
     spent_retry_budget_counts_as_fatal => spent_retry_budget_counts_as_fatal;
@@ -92,6 +93,36 @@ async fn runs_to_success_reporting_progress(store: TestStore) {
     assert_eq!(updated, record.updated, "the time of its last write");
     assert_eq!(ledger.value("p value"), Some(26));
     assert_eq!(executor.list(), [info]);
+    executor.shutdown().bounded().await.unwrap();
+}
+
+/// A step's snapshot, kept until its lane's poll ends (`executor/deferred.rs`), never
+/// replaces the end that the same poll published after it: long after every procedure
+/// has ended, each one's snapshot still says so.
+async fn an_ended_procedures_snapshot_stays_its_end(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let mut ids = Vec::new();
+    for n in 0..200 {
+        ids.push(
+            executor
+                .submit(Counter::named(&format!("p{n}")))
+                .await
+                .unwrap(),
+        );
+    }
+    for &id in &ids {
+        assert_eq!(
+            executor.wait(id).bounded().await.unwrap(),
+            Outcome::Succeeded
+        );
+    }
+    // Every lane's poll that ran these procedures has ended by now.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for id in ids {
+        let info = executor.state(id).unwrap();
+        assert_eq!((info.status, info.steps), (Status::Succeeded, 4), "{id:?}");
+    }
     executor.shutdown().bounded().await.unwrap();
 }
 

@@ -221,6 +221,7 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
         )
         .await?;
         let (table, next_id) = table_from(&loaded)?;
+        let table = Arc::new(std::sync::Mutex::new(table));
         let inner = Arc::new(Inner {
             workers: Workers::new(self.config.workers.max(1)),
             running: Semaphore::new(self.config.max_running.max(1)),
@@ -229,7 +230,7 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             env: self.env,
             config: self.config,
             registry: self.registry,
-            table: std::sync::Mutex::new(table),
+            table: Arc::clone(&table),
             locks: LockTable::new(),
             // Everything below `next_id` may have been handed out before the restart:
             // the first allocation reserves a new block.
@@ -241,7 +242,7 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             hook: self.hook,
             fencing_token: self.fencing_token,
             writes: AtomicU64::new(0),
-            lanes: Lanes::start(&tokio::runtime::Handle::current()),
+            lanes: Lanes::start(&tokio::runtime::Handle::current(), table),
             tasks: TaskTracker::new(),
             requests_seen: std::sync::Mutex::default(),
             timers: Arc::default(),

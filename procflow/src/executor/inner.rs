@@ -88,7 +88,7 @@ pub(crate) struct Inner<E> {
     /// Root procedures running or queued for a slot (not dormant, not finished), for
     /// backpressure.
     pub(crate) live_roots: AtomicUsize,
-    pub(crate) table: Mutex<Table>,
+    pub(crate) table: Arc<Mutex<Table>>,
     pub(crate) locks: LockTable,
     /// The ids handed out so far and the durable reservation's end.
     pub(crate) ids: Ids,
@@ -428,6 +428,16 @@ impl Table {
         }
     }
 
+    /// Publishes procedure `id`'s new snapshot to its entry, if it still has one (see
+    /// [`Entry::publish`]), noting the change for the admin's list.
+    pub(crate) fn publish(&mut self, info: PackedInfo) {
+        let id = info.id().get();
+        if let Some(entry) = self.procs.get_mut(&id) {
+            entry.publish(info);
+            self.noted(id);
+        }
+    }
+
     /// Notes that procedure `id`'s entry was added, changed or removed (for the admin's
     /// list: see [`Journal`](super::journal::Journal)).
     /// An entry is noted once until a list takes it (its `noted` flag, cleared as the
@@ -541,9 +551,13 @@ impl<E> Inner<E> {
     pub(crate) fn table(&self) -> MutexGuard<'_, Table> {
         // A panic while holding the lock cannot leave the table half-updated in a way that
         // matters more than stopping every procedure would.
-        self.table
+        let mut table = self
+            .table
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Snapshots this thread's lane kept come before whatever is done under the lock.
+        super::deferred::apply_kept(&self.table, &mut table);
+        table
     }
 
     pub(crate) fn mode(&self) -> Mode {
@@ -766,12 +780,12 @@ impl<E> Inner<E> {
     /// Publishes a procedure's new snapshot to its subscribers, if it changed: nothing is
     /// woken for a snapshot they have already seen (a resumed procedure republishes the
     /// one its entry was created with).
+    ///
+    /// Inside a lane's poll the snapshot is kept, and applied with the others of the
+    /// poll under one lock at its end ([`deferred`](super::deferred)).
     pub(crate) fn publish(&self, info: PackedInfo) {
-        let mut table = self.table();
-        let id = info.id().get();
-        if let Some(entry) = table.procs.get_mut(&id) {
-            entry.publish(info);
-            table.noted(id);
+        if let Err(info) = super::deferred::keep(&self.table, info) {
+            self.table().publish(info);
         }
     }
 

@@ -17,6 +17,9 @@
 //! across its workers ([`LANES_PER_WORKER`] each), so a procedure moves between workers
 //! only with its lane.
 //!
+//! Each poll of a lane is a round of [`deferred`](super::deferred): the snapshots its
+//! procedures publish reach the table together when the poll ends.
+//!
 //! Two things a task had that a lane's procedure has not:
 //! - **The cooperative budget.** Tokio makes a task yield after about 128 operations on
 //!   its resources. Shared by a whole lane, that budget ran out within a dozen
@@ -36,7 +39,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 
 use futures_util::stream::{FuturesUnordered, Stream};
+use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
+
+use super::deferred::Round;
+use super::inner::Table;
 
 /// A procedure's future, or another of the executor's, ready for a lane.
 type Job = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -62,17 +69,20 @@ pub(crate) struct Lanes {
 }
 
 impl Lanes {
-    /// Starts [`LANES_PER_WORKER`] lanes per worker thread of `runtime`.
-    pub(crate) fn start(runtime: &tokio::runtime::Handle) -> Self {
+    /// Starts [`LANES_PER_WORKER`] lanes per worker thread of `runtime`, for the
+    /// procedures of the executor whose table is `table` (each poll of a lane applies its
+    /// procedures' snapshots to it at once: [`Round`]).
+    pub(crate) fn start(runtime: &tokio::runtime::Handle, table: Arc<Mutex<Table>>) -> Self {
         let workers = runtime.metrics().num_workers().max(1);
-        Self::start_n(runtime, workers * LANES_PER_WORKER)
+        Self::start_n(runtime, workers * LANES_PER_WORKER, &table)
     }
 
-    fn start_n(runtime: &tokio::runtime::Handle, lanes: usize) -> Self {
+    fn start_n(runtime: &tokio::runtime::Handle, lanes: usize, table: &Arc<Mutex<Table>>) -> Self {
         let senders = (0..lanes.max(1))
             .map(|_| {
                 let (sender, jobs) = mpsc::unbounded_channel();
                 runtime.spawn(Lane {
+                    table: Arc::clone(table),
                     jobs,
                     running: FuturesUnordered::new(),
                     closed: false,
@@ -98,6 +108,8 @@ impl Lanes {
 
 /// One lane's task. It ends once every sender is dropped and its last job has.
 struct Lane {
+    /// Its executor's table.
+    table: Arc<Mutex<Table>>,
     jobs: mpsc::UnboundedReceiver<Job>,
     running: FuturesUnordered<Isolated>,
     /// Every sender is gone: no more jobs come.
@@ -109,6 +121,8 @@ impl Future for Lane {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let lane = &mut *self;
+        // The snapshots its procedures publish in this poll go to the table together.
+        let _round = Round::begin(&lane.table);
         while !lane.closed {
             match lane.jobs.poll_recv(cx) {
                 Poll::Ready(Some(job)) => lane.running.push(Isolated(job)),
@@ -158,7 +172,7 @@ mod tests {
     /// A job that panics ends; the other jobs of its lane go on and finish.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_panicking_job_stops_alone() {
-        let lanes = Lanes::start_n(&tokio::runtime::Handle::current(), 1);
+        let lanes = Lanes::start_n(&tokio::runtime::Handle::current(), 1, &Arc::default());
         let (done, finished) = oneshot::channel();
         let (go, gate) = oneshot::channel::<()>();
         lanes.run(async move {
@@ -177,7 +191,7 @@ mod tests {
     /// A job that keeps yielding does not keep the others of its lane from running.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_yielding_job_does_not_starve_its_lane() {
-        let lanes = Lanes::start_n(&tokio::runtime::Handle::current(), 1);
+        let lanes = Lanes::start_n(&tokio::runtime::Handle::current(), 1, &Arc::default());
         let flag = Arc::new(AtomicBool::new(false));
         let (done, finished) = oneshot::channel();
         let seen = Arc::clone(&flag);
@@ -200,7 +214,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn jobs_are_not_held_to_the_lanes_budget() {
         use futures_util::FutureExt;
-        let lanes = Lanes::start_n(&tokio::runtime::Handle::current(), 1);
+        let lanes = Lanes::start_n(&tokio::runtime::Handle::current(), 1, &Arc::default());
         let (done, answered) = oneshot::channel();
         lanes.run(async move {
             let semaphore = tokio::sync::Semaphore::new(1);
@@ -217,7 +231,7 @@ mod tests {
     async fn lanes_end_after_their_last_job() {
         let handle = tokio::runtime::Handle::current();
         let before = handle.metrics().num_alive_tasks();
-        let lanes = Lanes::start_n(&handle, 3);
+        let lanes = Lanes::start_n(&handle, 3, &Arc::default());
         let (go, gate) = oneshot::channel::<()>();
         lanes.run(async move {
             let _ = gate.await;

@@ -46,6 +46,7 @@
 mod builder;
 mod cleanup;
 mod config;
+mod deferred;
 mod erased;
 mod error;
 mod hooks;
