@@ -52,6 +52,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
 use super::{Inner, Log, compaction, record};
@@ -72,14 +73,34 @@ pub(crate) fn spinning_helps() -> bool {
     std::thread::available_parallelism().is_ok_and(|n| n.get() > 1)
 }
 
-/// Where a request's answer goes.
-pub(crate) type Reply = oneshot::Sender<Answer>;
+/// The channel a committing task waits on for its answer.
+pub(crate) type Channel = oneshot::Sender<Answer>;
+
+/// Where a commit's answer goes.
+pub(crate) enum Reply {
+    /// To the task waiting on the channel.
+    Channel(Channel),
+    /// Back to the caller of [`serve`]: a commit served inline, on the thread of the
+    /// task that waits for it, needs no channel to it (nor the channel's allocation).
+    Caller,
+}
 
 /// A request's outcome, and what its batch left for the committing task to free.
 pub(crate) struct Answer {
     pub(crate) result: Result<(), StoreError>,
     /// Dropped with the answer, on the thread that receives it.
     _leftovers: Leftovers,
+}
+
+impl Answer {
+    /// The answer of a commit its server failed to answer, which only a panic while
+    /// serving can cause: that poisoned the store.
+    fn poisoned() -> Self {
+        Answer {
+            result: Err(StoreError::Poisoned),
+            _leftovers: Leftovers::default(),
+        }
+    }
 }
 
 /// What a written batch leaves behind: its op buffer, emptied, and the values its
@@ -107,7 +128,7 @@ pub(crate) enum Request {
     /// Append the batch and answer once it is durable.
     Commit(Batch, Reply),
     /// Refuse later commits, make everything before durable, release the directory lock.
-    Close(Reply),
+    Close(Channel),
 }
 
 /// Requests waiting for the committer thread.
@@ -209,24 +230,24 @@ impl Queue {
 }
 
 impl Inner {
-    /// Serves `request`, a commit, on the calling thread, if nothing is queued or being
-    /// served: a lone commit's write and `fdatasync` without the two hand-offs between
-    /// threads. Its reply is sent before this returns. Hands the request back if it
-    /// must queue instead.
-    pub(crate) fn serve_inline(&self, request: Request) -> Result<(), Request> {
-        debug_assert!(matches!(request, Request::Commit(..)));
+    /// Commits `batch` on the calling thread, if nothing is queued or being served: a
+    /// lone commit's write and `fdatasync` without the two hand-offs between threads,
+    /// and with no channel for its answer, which this returns. Hands the batch back if
+    /// it must queue instead.
+    pub(crate) fn serve_inline(&self, batch: Batch) -> Result<Answer, Batch> {
         {
             let mut state = self.queue.lock();
             // Records must go to the log in queue order: only an empty queue and an idle
             // committer leave this one next.
             if state.stopped || state.inline || state.serving || !state.requests.is_empty() {
-                return Err(request);
+                return Err(batch);
             }
             state.inline = true;
         }
         let _end = EndInline(self);
-        serve(self, &mut vec![request]);
-        Ok(())
+        let request = Request::Commit(batch, Reply::Caller);
+        // `serve` answers every commit it is given; a panic unwinds past this.
+        Ok(serve(self, std::iter::once(request)).unwrap_or_else(Answer::poisoned))
     }
 }
 
@@ -259,7 +280,8 @@ fn run(inner: &Inner) {
     // request: their commits get `Poisoned` instead of waiting forever.
     let _guard = StopOnExit(inner);
     while let Some(mut group) = inner.queue.take() {
-        serve(inner, &mut group);
+        // Only commits served inline reply to the caller.
+        let _ = serve(inner, group.drain(..));
         inner.queue.served(group);
     }
 }
@@ -276,25 +298,28 @@ impl Drop for StopOnExit<'_> {
 }
 
 /// One group: write every request's record, make them durable together, answer.
-/// Leaves `group` empty.
-fn serve(inner: &Inner, group: &mut Vec<Request>) {
-    let mut written: Vec<(Reply, Leftovers)> = Vec::with_capacity(group.len());
-    let mut close: Option<Reply> = None;
+/// Returns the answer of the commit that replies to the caller ([`Reply::Caller`]), if
+/// one did.
+fn serve(inner: &Inner, group: impl ExactSizeIterator<Item = Request>) -> Option<Answer> {
+    // One inline: a commit served on its caller's thread allocates no list.
+    let mut written: SmallVec<[(Reply, Leftovers); 1]> = SmallVec::with_capacity(group.len());
+    let mut close: Option<Channel> = None;
+    let mut here = None;
     let outcome = {
         let mut log = inner.lock_log();
         let mut outcome = Ok(());
-        for request in group.drain(..) {
+        for request in group {
             match request {
                 Request::Commit(batch, reply) => {
                     match write(inner, &mut log, batch) {
                         Ok(leftovers) => written.push((reply, leftovers)),
-                        Err(Fault::Refused(e)) => answer(reply, Err(e)),
+                        Err(Fault::Refused(e)) => answer(reply, Err(e), &mut here),
                         Err(Fault::Io(e)) => {
                             // The record may be half on disk: nothing more is written
                             // (the store is poisoned, so `write` refuses the rest of the
                             // group). Every later request is still answered: a dropped
                             // reply would leave its commit to guess what happened.
-                            answer(reply, Err(e));
+                            answer(reply, Err(e), &mut here);
                             outcome = Err(StoreError::Poisoned);
                         }
                     }
@@ -319,7 +344,8 @@ fn serve(inner: &Inner, group: &mut Vec<Request>) {
         outcome
     };
     let outcome = outcome.and_then(|()| sync(inner, !written.is_empty()));
-    finish(inner, written, close, outcome);
+    finish(inner, written, close, outcome, &mut here);
+    here
 }
 
 /// Why a request was not written.
@@ -384,12 +410,14 @@ fn sync(inner: &Inner, wrote: bool) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Answers the group's commits and its close, if any.
+/// Answers the group's commits and its close, if any; the answer of a commit that
+/// replies to the caller goes to `here`.
 fn finish(
     inner: &Inner,
-    written: Vec<(Reply, Leftovers)>,
-    close: Option<Reply>,
+    written: SmallVec<[(Reply, Leftovers); 1]>,
+    close: Option<Channel>,
     outcome: Result<(), StoreError>,
+    here: &mut Option<Answer>,
 ) {
     let failed = outcome.is_err();
     let mut error = outcome.err();
@@ -400,7 +428,7 @@ fn finish(
             None if failed => Err(StoreError::Poisoned),
             None => Ok(()),
         };
-        send(reply, result, leftovers);
+        send(reply, result, leftovers, here);
     }
     if let Some(reply) = close {
         let result = if inner.is_poisoned() {
@@ -412,22 +440,32 @@ fn finish(
         };
         drop(inner.lock_log().lock.take());
         inner.queue.stop();
-        answer(reply, result);
+        answer(Reply::Channel(reply), result, here);
     }
 }
 
-fn answer(reply: Reply, result: Result<(), StoreError>) {
-    send(reply, result, Leftovers::default());
+fn answer(reply: Reply, result: Result<(), StoreError>, here: &mut Option<Answer>) {
+    send(reply, result, Leftovers::default(), here);
 }
 
-fn send(reply: Reply, result: Result<(), StoreError>, leftovers: Leftovers) {
+fn send(
+    reply: Reply,
+    result: Result<(), StoreError>,
+    leftovers: Leftovers,
+    here: &mut Option<Answer>,
+) {
     let answer = Answer {
         result,
         _leftovers: leftovers,
     };
-    // The committer may have given up waiting (a dropped future): nothing to tell, and
-    // the leftovers are freed here.
-    let _ = reply.send(answer);
+    match reply {
+        // The committer may have given up waiting (a dropped future): nothing to tell,
+        // and the leftovers are freed here.
+        Reply::Channel(channel) => {
+            let _ = channel.send(answer);
+        }
+        Reply::Caller => *here = Some(answer),
+    }
 }
 
 #[cfg(test)]
@@ -439,7 +477,7 @@ mod tests {
     /// returns the whole answer.
     async fn answer_of(store: &WalStore, batch: Batch) -> Answer {
         let (reply, answer) = oneshot::channel();
-        let pushed = store.inner.queue.push(Request::Commit(batch, reply));
+        let pushed = (store.inner.queue).push(Request::Commit(batch, Reply::Channel(reply)));
         assert!(pushed.is_ok(), "the committer has stopped");
         answer.await.expect("an answer")
     }
@@ -492,7 +530,7 @@ mod tests {
         let push = |n: u64| {
             for id in 0..n {
                 let (reply, _) = oneshot::channel();
-                let request = Request::Commit(Batch::new().delete(id), reply);
+                let request = Request::Commit(Batch::new().delete(id), Reply::Channel(reply));
                 assert!(queue.push(request).is_ok());
             }
         };

@@ -24,7 +24,7 @@ use std::thread::JoinHandle;
 
 pub use config::{SyncMode, WalConfig};
 
-use self::committer::{Answer, Queue, Request};
+use self::committer::{Answer, Queue, Reply, Request};
 use self::compaction::LiveIndex;
 use self::writer::Writer;
 use crate::error::StoreError;
@@ -317,25 +317,18 @@ impl Inner {
     /// being served ([`WalConfig::inline_lone_commit`]), else through the committer.
     async fn commit(&self, mut batch: Batch) -> Result<(), StoreError> {
         fit_values(&mut batch);
-        let (reply, answer) = tokio::sync::oneshot::channel();
         let in_flight = InFlight::enter(&self.in_flight);
-        let mut request = Request::Commit(batch, reply);
         if in_flight.may_hold_thread && self.config.inline_lone_commit {
-            request = match self.serve_inline(request) {
-                Ok(()) => return Self::answered(answer),
-                Err(refused) => refused,
+            batch = match self.serve_inline(batch) {
+                // The answer's leftovers are freed here, on this task's thread.
+                Ok(answer) => return answer.result,
+                Err(queued) => queued,
             };
         }
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let request = Request::Commit(batch, Reply::Channel(reply));
         self.hand_over(request, answer, in_flight, Err(StoreError::Closed))
             .await
-    }
-
-    /// The answer of a commit served inline: already there.
-    fn answered(mut answer: tokio::sync::oneshot::Receiver<Answer>) -> Result<(), StoreError> {
-        // A missing answer means serving it panicked, which poisoned the store.
-        answer
-            .try_recv()
-            .map_or(Err(StoreError::Poisoned), |answer| answer.result)
     }
 
     /// Asks the committer thread to close the store and waits for its answer.
