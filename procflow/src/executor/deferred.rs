@@ -144,23 +144,10 @@ fn lock(table: &Mutex<Table>) -> MutexGuard<'_, Table> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ProcedureId;
-    use crate::executor::Status;
     use crate::executor::inner::Entry;
-    use crate::executor::status::ProcedureInfo;
 
     fn info(id: u64, steps: u64) -> PackedInfo {
-        PackedInfo::pack(ProcedureInfo {
-            id: ProcedureId::new(id),
-            parent: None,
-            machine: "m",
-            status: Status::Runnable,
-            state: "S",
-            steps,
-            error: None,
-            submitted: std::time::SystemTime::UNIX_EPOCH,
-            updated: std::time::SystemTime::UNIX_EPOCH,
-        })
+        PackedInfo::sample(id, steps)
     }
 
     /// A table with procedures 1 and 2, at step 0.

@@ -138,6 +138,25 @@ pub(crate) struct Snapshot {
 }
 
 #[cfg(test)]
+impl PackedInfo {
+    /// For tests: procedure `id`, runnable in state `S` of machine `m` after `steps`
+    /// steps, submitted and updated at the epoch.
+    pub(crate) fn sample(id: u64, steps: u64) -> Self {
+        Self::pack(ProcedureInfo {
+            id: ProcedureId::new(id),
+            parent: None,
+            machine: "m",
+            status: Status::Runnable,
+            state: "S",
+            steps,
+            error: None,
+            submitted: UNIX_EPOCH,
+            updated: UNIX_EPOCH,
+        })
+    }
+}
+
+#[cfg(test)]
 impl Snapshot {
     /// `info`'s fields, with these times in ms in place of its own.
     fn from_info(info: ProcedureInfo, submitted_ms: u64, updated_ms: u64) -> Self {

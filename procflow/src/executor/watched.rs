@@ -114,21 +114,9 @@ impl Drop for Watched {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ProcedureId;
-    use crate::executor::Status;
 
     fn info(steps: u64) -> PackedInfo {
-        PackedInfo::pack(ProcedureInfo {
-            id: ProcedureId::new(1),
-            parent: None,
-            machine: "m",
-            status: Status::Runnable,
-            state: "S",
-            steps,
-            error: None,
-            submitted: std::time::SystemTime::UNIX_EPOCH,
-            updated: std::time::SystemTime::UNIX_EPOCH,
-        })
+        PackedInfo::sample(1, steps)
     }
 
     #[test]
