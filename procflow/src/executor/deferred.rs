@@ -60,8 +60,8 @@ impl Kept {
 
     /// Applies what it keeps, taking its table's lock.
     fn apply_now(&mut self) {
-        if let Some(table) = self.table.clone()
-            && !self.infos.is_empty()
+        if !self.infos.is_empty()
+            && let Some(table) = self.table.clone()
         {
             self.apply(&mut lock(&table));
         }
@@ -82,22 +82,30 @@ pub(crate) struct Round {
     outer: Option<Arc<Mutex<Table>>>,
 }
 
+/// Runs `f` on this thread's round; `None` if the thread's round is gone (its
+/// thread-locals are being destroyed: then nothing is kept).
+fn with_kept<R>(f: impl FnOnce(&mut Kept) -> R) -> Option<R> {
+    let run = |cell: &RefCell<Kept>| cell.try_borrow_mut().ok().map(|mut kept| f(&mut kept));
+    KEPT.try_with(run).ok().flatten()
+}
+
 impl Round {
     pub(crate) fn begin(table: &Arc<Mutex<Table>>) -> Self {
-        KEPT.with_borrow_mut(|kept| {
+        let outer = with_kept(|kept| {
             // A round inside another (a lane polled from inside another lane's poll,
             // which Tokio does not do) applies the outer round's snapshots first.
             kept.apply_now();
-            Round {
-                outer: kept.table.replace(Arc::clone(table)),
-            }
-        })
+            kept.table.replace(Arc::clone(table))
+        });
+        Round {
+            outer: outer.flatten(),
+        }
     }
 }
 
 impl Drop for Round {
     fn drop(&mut self) {
-        KEPT.with_borrow_mut(|kept| {
+        with_kept(|kept| {
             kept.apply_now();
             kept.table = self.outer.take();
         });
@@ -107,10 +115,12 @@ impl Drop for Round {
 /// Keeps `info` for the end of this thread's round, if it is a round of `table`; else
 /// hands it back, to be published now.
 pub(crate) fn keep(table: &Mutex<Table>, info: PackedInfo) -> Result<(), PackedInfo> {
-    KEPT.with_borrow_mut(|kept| {
+    let mut info = Some(info);
+    with_kept(|kept| {
         if !kept.is_of(table) {
-            return Err(info);
+            return;
         }
+        let Some(info) = info.take() else { return };
         match kept.infos.last_mut() {
             Some(last) if last.id() == info.id() => *last = info,
             _ => kept.infos.push(info),
@@ -119,15 +129,15 @@ pub(crate) fn keep(table: &Mutex<Table>, info: PackedInfo) -> Result<(), PackedI
         if kept.count >= APPLY_EVERY {
             kept.apply(&mut lock(table));
         }
-        Ok(())
-    })
+    });
+    info.map_or(Ok(()), Err)
 }
 
 /// Applies what this thread's round of `table` keeps into `locked`, the table just
 /// locked: every lock of the table calls it, so that what is done under the lock comes
 /// after the snapshots published before.
 pub(crate) fn apply_kept(table: &Mutex<Table>, locked: &mut Table) {
-    KEPT.with_borrow_mut(|kept| {
+    with_kept(|kept| {
         if !kept.infos.is_empty() && kept.is_of(table) {
             kept.apply(locked);
         }
