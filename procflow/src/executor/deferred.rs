@@ -77,10 +77,7 @@ impl Kept {
 
 /// A lane's poll: while it lasts, the snapshots published on this thread to its table
 /// are kept, and applied when it ends.
-pub(crate) struct Round {
-    /// The round this one is inside of, if any: restored at its end.
-    outer: Option<Arc<Mutex<Table>>>,
-}
+pub(crate) struct Round(());
 
 /// Runs `f` on this thread's round; `None` if the thread's round is gone (its
 /// thread-locals are being destroyed: then nothing is kept).
@@ -91,15 +88,14 @@ fn with_kept<R>(f: impl FnOnce(&mut Kept) -> R) -> Option<R> {
 
 impl Round {
     pub(crate) fn begin(table: &Arc<Mutex<Table>>) -> Self {
-        let outer = with_kept(|kept| {
-            // A round inside another (a lane polled from inside another lane's poll,
-            // which Tokio does not do) applies the outer round's snapshots first.
+        with_kept(|kept| {
+            // Were a lane polled inside another lane's poll (Tokio does not do that), the
+            // outer round's snapshots would be applied here, and the rest of its poll
+            // would publish at once.
             kept.apply_now();
-            kept.table.replace(Arc::clone(table))
+            kept.table = Some(Arc::clone(table));
         });
-        Round {
-            outer: outer.flatten(),
-        }
+        Round(())
     }
 }
 
@@ -107,7 +103,7 @@ impl Drop for Round {
     fn drop(&mut self) {
         with_kept(|kept| {
             kept.apply_now();
-            kept.table = self.outer.take();
+            kept.table = None;
         });
     }
 }
