@@ -43,6 +43,7 @@ on_both_stores! {
     subscription_sees_the_terminal_state => subscription_sees_the_terminal_state;
     wait_answers_every_waiter_once_the_procedure_ends => wait_answers_every_waiter_once_the_procedure_ends;
     wait_gives_the_stop_reason_when_the_executor_stops_first => wait_gives_the_stop_reason_when_the_executor_stops_first;
+    a_restart_of_many_procedures_brings_each_back_as_it_was => a_restart_of_many_procedures_brings_each_back_as_it_was;
 }
 
 async fn start(store: &TestStore, ledger: &Ledger) -> Executor<Ledger> {
@@ -939,4 +940,64 @@ async fn wait_gives_the_stop_reason_when_the_executor_stops_first(store: TestSto
         executor.wait(id).bounded().await,
         Err(ExecutorError::Killed)
     ));
+}
+
+/// A restart of more procedures than the start readies on its own thread (from 512 on, a
+/// second thread decodes them ahead): each comes back as it was. The ended ones keep
+/// their snapshot and their nonce, the suspended ones run when woken, and the records
+/// that cannot be loaded are reported in id order.
+async fn a_restart_of_many_procedures_brings_each_back_as_it_was(store: TestStore) {
+    const EACH: u64 = 200;
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let mut ended = Vec::new();
+    for n in 0..EACH {
+        let options = SubmitOptions::default().nonce(format!("req-{n}"));
+        let counter = Counter::named(&format!("e{n}"));
+        ended.push(executor.submit_with(counter, options).await.unwrap());
+    }
+    for &id in &ended {
+        assert_eq!(
+            executor.wait(id).bounded().await.unwrap(),
+            Outcome::Succeeded
+        );
+    }
+    let mut suspended = Vec::new();
+    for n in 0..EACH {
+        suspended.push(suspended_counter(&executor, &format!("s{n}")).await);
+    }
+    let before = executor.list();
+    executor.shutdown().bounded().await.unwrap();
+    drop(executor);
+
+    let store = store.reopen();
+    // Records no build can read, after every procedure's id.
+    let last = suspended.iter().max().unwrap().get();
+    let unreadable: Vec<u64> = (1..=EACH).map(|n| last + 2 * n).collect();
+    let mut batch = Batch::new();
+    for &id in &unreadable {
+        batch = batch.put(id, None, vec![0xff; 8]);
+    }
+    store.store.commit(batch).await.unwrap();
+    let executor = start(&store, &ledger).await;
+
+    let reported: Vec<u64> = executor.unloadable().iter().map(|u| u.id.get()).collect();
+    assert_eq!(reported, unreadable);
+    assert_eq!(executor.list(), before);
+    for (n, &id) in (0..EACH).zip(&ended) {
+        let options = SubmitOptions::default().nonce(format!("req-{n}"));
+        let again = executor.submit_with(Counter::named("x"), options).await;
+        assert_eq!(again.unwrap(), id, "nonce req-{n}");
+    }
+    for n in 0..EACH {
+        ledger.push(format!("s{n} woken"));
+        assert_eq!(executor.wake(&format!("s{n}")).await.unwrap(), 1, "s{n}");
+    }
+    for &id in &suspended {
+        assert_eq!(
+            executor.wait(id).bounded().await.unwrap(),
+            Outcome::Succeeded
+        );
+    }
+    executor.shutdown().bounded().await.unwrap();
 }

@@ -509,6 +509,15 @@ impl Table {
         }
     }
 
+    /// [`listen`](Self::listen), the event's name already boxed (made on another
+    /// thread at start).
+    pub(crate) fn listen_boxed(&mut self, event: Box<str>, id: u64) {
+        match self.events.get_mut(&event) {
+            Some(waiting) => waiting.insert(id),
+            None => drop(self.events.insert(event, Waiters::One(id))),
+        }
+    }
+
     /// Room on the event map for `waiting` more procedures suspended on events, taken at
     /// once: grown by doubling, the map hashed every name again at each growth, a third of
     /// the start at 1,000,000 procedures each waiting on an event of its own.

@@ -43,6 +43,7 @@
 //! # }).unwrap();
 //! ```
 
+mod ahead;
 mod builder;
 mod cleanup;
 mod config;

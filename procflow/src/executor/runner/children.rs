@@ -372,6 +372,8 @@ fn reopen_entry<E>(inner: &Inner<E>, launch: &Launch<E>) {
             entry.info.send_replace(PackedInfo::of(info));
             table.noted(launch.id);
         }
-        None => drop(super::insert_entry_locked(&mut table, launch, info)),
+        None => drop(super::insert_entry_locked(&mut table, launch, || {
+            PackedInfo::of(info)
+        })),
     }
 }

@@ -87,24 +87,34 @@ pub(crate) enum Resumed<E> {
 }
 
 impl<E: Send + Sync + 'static> Resumed<E> {
-    /// `launch`, just loaded from `value`, its entry in the table.
-    pub(crate) fn new(inner: &Arc<Inner<E>>, launch: Launch<E>, value: Bytes) -> Self {
+    /// `launch`, just loaded from `value`, before its table entry is made: a dormant one,
+    /// its decoded parts dropped (it is rebuilt from `value` when roused). `Err` gives
+    /// back one that runs: it gets its wake-up signal once its entry is made
+    /// ([`runnable`](Self::runnable)).
+    pub(crate) fn new(
+        inner: &Arc<Inner<E>>,
+        launch: Launch<E>,
+        value: Bytes,
+    ) -> Result<Self, Box<Launch<E>>> {
         let wait = &launch.envelope.wait;
         let until_ms = match wait {
             Wait::Event { until_ms, .. } if parks_at_start(wait, launch.newer.is_some()) => {
                 *until_ms
             }
-            _ => {
-                let wake = signal_of(inner, launch.id);
-                return Self::Runnable(Box::new(launch), wake);
-            }
+            _ => return Err(Box::new(launch)),
         };
         let may_roll_back = waits::may_roll_back(launch.procedure.as_ref(), &launch.envelope);
         let deadline = launch.envelope.deadline_ms.filter(|_| may_roll_back);
-        Self::Dormant {
+        Ok(Self::Dormant {
             until_ms: dormant::earliest(until_ms, deadline),
             reload: Reload::of(inner, launch, value),
-        }
+        })
+    }
+
+    /// `launch`, loaded to run, its entry in the table.
+    pub(crate) fn runnable(inner: &Inner<E>, launch: Box<Launch<E>>) -> Self {
+        let wake = signal_of(inner, launch.id);
+        Self::Runnable(launch, wake)
     }
 
     /// Marks it as holding its locks again (a guess granted once every recorded holder
@@ -223,29 +233,54 @@ impl<E: Send + Sync + 'static> Runner<E> {
 pub(crate) fn insert_entry<E>(inner: &Inner<E>, launch: &Launch<E>) -> Arc<Signal> {
     let info = launch.info();
     let mut table = inner.table();
-    insert_entry_locked(&mut table, launch, info).signal()
+    insert_entry_locked(&mut table, launch, || PackedInfo::of(info)).signal()
+}
+
+/// What the table entry of a procedure loaded at start is made of: see
+/// [`insert_loaded`]. Made apart from the table (on the start's second thread).
+pub(crate) struct LoadedEntry {
+    id: u64,
+    info: PackedInfo,
+    nonce: Option<Box<str>>,
+    finished_ms: Option<u64>,
+    /// The event it is to be registered on, if any.
+    event: Option<Box<str>>,
+}
+
+impl LoadedEntry {
+    /// The entry of `launch`, registered on `event` if given.
+    pub(crate) fn of<E>(launch: &Launch<E>, event: Option<Box<str>>) -> Self {
+        Self {
+            id: launch.id,
+            info: PackedInfo::of(launch.info()),
+            nonce: launch.envelope.nonce.as_deref().map(Into::into),
+            finished_ms: launch.envelope.finished_ms,
+            event,
+        }
+    }
 }
 
 /// The table entry for a procedure loaded at start, created if missing, without a
-/// wake-up signal yet ([`Resumed::new`] makes one for a procedure that gets a task);
-/// registered on `event` if given, and asked to abort if `aborted`. One lock for all:
-/// each lock's release waits for the writes before it, and these miss the cache (the
-/// release after the event's registration was three quarters of the start's own time
-/// in `perf`).
-pub(crate) fn insert_loaded<E>(
-    inner: &Inner<E>,
-    launch: &Launch<E>,
-    event: Option<&str>,
-    aborted: bool,
-) {
-    let info = launch.info();
+/// wake-up signal yet ([`Resumed::runnable`] makes one for a procedure that gets a
+/// task); registered on its event if it has one, and asked to abort if `aborted`. One
+/// lock for all: each lock's release waits for the writes before it, and these miss
+/// the cache (the release after the event's registration was three quarters of the
+/// start's own time in `perf`).
+pub(crate) fn insert_loaded<E>(inner: &Inner<E>, loaded: LoadedEntry, aborted: bool) {
+    let LoadedEntry {
+        id,
+        info,
+        nonce,
+        finished_ms,
+        event,
+    } = loaded;
     let mut table = inner.table();
-    let entry = insert_entry_locked(&mut table, launch, info);
+    let entry = insert_entry_parts(&mut table, id, || nonce, finished_ms, || info);
     if aborted {
         entry.ask_abort(|| crate::Error::fatal("aborted on request"));
     }
     if let Some(event) = event {
-        table.listen(event, launch.id);
+        table.listen_boxed(event, id);
     }
 }
 
@@ -273,23 +308,31 @@ impl<E> Launch<E> {
 fn insert_entry_locked<'t, E>(
     table: &'t mut super::inner::Table,
     launch: &Launch<E>,
-    info: Snapshot,
+    info: impl FnOnce() -> PackedInfo,
 ) -> &'t mut Entry {
-    table.noted(launch.id);
-    table.ended_at(launch.id, launch.envelope.finished_ms);
+    let nonce = || launch.envelope.nonce.as_deref().map(Into::into);
+    insert_entry_parts(table, launch.id, nonce, launch.envelope.finished_ms, info)
+}
+
+/// Procedure `id`'s table entry, made (with `info`) if missing; its nonce noted if it
+/// was.
+fn insert_entry_parts(
+    table: &mut super::inner::Table,
+    id: u64,
+    nonce: impl FnOnce() -> Option<Box<str>>,
+    finished_ms: Option<u64>,
+    info: impl FnOnce() -> PackedInfo,
+) -> &mut Entry {
+    table.noted(id);
+    table.ended_at(id, finished_ms);
+    if !table.procs.contains_key(&id)
+        && let Some(nonce) = nonce()
+    {
+        table.nonce_of.insert(id, nonce);
+    }
     // Boxed: the map's spare slots (a hash map is up to half empty) then cost a pointer
     // each, not a whole entry.
-    if let Some(nonce) = &launch.envelope.nonce
-        && !table.procs.contains_key(&launch.id)
-    {
-        table.nonce_of.insert(launch.id, nonce.as_str().into());
-    }
-    table.procs.entry(launch.id).or_insert_with(|| {
-        Box::new(Entry::new(
-            PackedInfo::of(info),
-            launch.envelope.finished_ms,
-        ))
-    })
+    (table.procs.entry(id)).or_insert_with(|| Box::new(Entry::new(info(), finished_ms)))
 }
 
 /// The signal that wakes procedure `id`'s task (see [`Entry::signal`]); one linked to
