@@ -26,6 +26,7 @@ const CHANGE_OVERHEAD: u64 = 48;
 
 /// Where the latest change of every live key is.
 #[derive(Debug, Default)]
+#[cfg_attr(test, derive(PartialEq))]
 pub(crate) struct LiveIndex {
     /// Segment and estimated size of each live record's latest change. Records and
     /// metadata are kept apart: a map keyed by [`Key`] took 40 bytes a slot instead of
@@ -61,17 +62,45 @@ fn estimated_size(change: &Change) -> u64 {
     CHANGE_OVERHEAD + payload as u64
 }
 
+/// A change as the index takes it ([`LiveIndex::take`]): its key, and where its latest
+/// change now is, `None` if it removes the key. Made apart from the index, so that a
+/// restart's replay can hand its notes to a thread of its own (`index_beside.rs`).
+#[derive(Debug)]
+pub(crate) struct Note {
+    key: NoteKey,
+    latest: Option<Location>,
+}
+
+#[derive(Debug)]
+enum NoteKey {
+    Proc(ProcId),
+    Meta(String),
+}
+
+impl Note {
+    /// `change`, written to `segment`.
+    pub(crate) fn of(segment: u64, change: &Change) -> Self {
+        let latest = (!change.is_removal()).then(|| (segment, estimated_size(change)));
+        let key = match change {
+            Change::Put { id, .. } | Change::Delete { id } => NoteKey::Proc(*id),
+            Change::PutMeta { key, .. } | Change::DeleteMeta { key } => NoteKey::Meta(key.clone()),
+        };
+        Self { key, latest }
+    }
+}
+
 impl LiveIndex {
     /// Records that `change`, written to `segment`, is now the latest for its key.
     pub(crate) fn note(&mut self, segment: u64, change: &Change) {
-        let latest = (!change.is_removal()).then(|| (segment, estimated_size(change)));
-        let replaced = match change {
-            Change::Put { id, .. } | Change::Delete { id } => {
-                relocate(&mut self.procs, *id, latest)
-            }
-            Change::PutMeta { key, .. } | Change::DeleteMeta { key } => {
-                relocate(&mut self.meta, key.clone(), latest)
-            }
+        self.take(Note::of(segment, change));
+    }
+
+    /// Records what `note` says: the latest change of its key.
+    pub(crate) fn take(&mut self, note: Note) {
+        let Note { key, latest } = note;
+        let replaced = match key {
+            NoteKey::Proc(id) => relocate(&mut self.procs, id, latest),
+            NoteKey::Meta(key) => relocate(&mut self.meta, key, latest),
         };
         if let Some((old_segment, size)) = replaced {
             self.live_bytes -= size;

@@ -11,6 +11,7 @@ mod arena;
 mod committer;
 mod compaction;
 mod config;
+mod index_beside;
 mod record;
 mod recovery;
 mod segment;

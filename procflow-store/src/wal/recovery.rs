@@ -20,6 +20,7 @@ use std::sync::Arc;
 
 use super::arena::{self, Arenas};
 use super::compaction::LiveIndex;
+use super::index_beside::Notes;
 use super::record::{self, HeaderError, RECORD_HEADER_LEN, RECORD_MARKER, RecordHeader};
 use super::segment::{self, FIRST_SEQ_UNKNOWN, SEGMENT_HEADER_LEN, TMP_SUFFIX};
 use super::verify::{self, Checked};
@@ -479,15 +480,38 @@ struct Replayed {
 /// read once `torn` has cut a segment there, and no value points into a mapping once the
 /// replay is over (the live ones are copied out), so the writer appends to a file no
 /// longer mapped.
+///
+/// The compaction index is built beside, on a thread of its own (`index_beside.rs`).
 fn replay(
     backend: &dyn IoBackend,
     dir: &Path,
     numbers: &[u64],
     map: bool,
-    mut torn: impl FnMut(&Path, u64) -> Result<(), StoreError>,
+    torn: impl FnMut(&Path, u64) -> Result<(), StoreError>,
 ) -> Result<Replayed, StoreError> {
+    std::thread::scope(|scope| {
+        let mut notes = Notes::start(scope);
+        let (state, segments, next_seq) = apply(backend, dir, numbers, map, torn, &mut notes)?;
+        Ok(Replayed {
+            state,
+            index: notes.finish(),
+            segments,
+            next_seq,
+        })
+    })
+}
+
+/// [`replay`]'s reading and applying of the segments, each change noted in `notes`;
+/// returns the state, the segments read and the next sequence number.
+fn apply(
+    backend: &dyn IoBackend,
+    dir: &Path,
+    numbers: &[u64],
+    map: bool,
+    mut torn: impl FnMut(&Path, u64) -> Result<(), StoreError>,
+    index: &mut Notes<'_>,
+) -> Result<(State, Vec<SegmentInfo>, u64), StoreError> {
     let mut state = State::default();
-    let mut index = LiveIndex::default();
     let mut segments = Vec::with_capacity(numbers.len());
     let mut seqs = SeqCheck::default();
     let mut arenas = Arenas::default();
@@ -568,12 +592,7 @@ fn replay(
     }
     arenas.finish(&mut state.records);
     state.records = arena::repack(std::mem::take(&mut state.records));
-    Ok(Replayed {
-        state,
-        index,
-        segments,
-        next_seq: seqs.expected.unwrap_or(1),
-    })
+    Ok((state, segments, seqs.expected.unwrap_or(1)))
 }
 
 /// Tells, every [`Pace::EVERY`] bytes of records, whether decoding them waited for the
