@@ -9,10 +9,11 @@
 //! stop 58").
 //!
 //! [`map`] cuts the items into chunks. A scoped thread makes chunk after chunk, up to
-//! [`CHUNKS_AHEAD`] ahead of the caller, which consumes them in order; when the next
-//! chunk is not taken yet, the caller makes it itself rather than wait. So at most a
-//! few hundred made items exist at once, where making them all first would hold every
-//! one.
+//! [`CHUNKS_AHEAD`] ahead of the caller, which consumes them in order. The caller makes
+//! a chunk itself when no thread has taken it yet, and makes a later one while the
+//! second thread still makes the one it needs, rather than wait. So at most seven
+//! chunks' worth of made items exist at once, where making them all first would hold
+//! every one.
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -48,6 +49,9 @@ where
         let maker = std::thread::Builder::new()
             .name("procflow-start".into())
             .spawn_scoped(scope, || shared.make_ahead(&chunks, &make));
+        // Done here, or a panic here: a second thread waiting for room must stop, or
+        // the scope would wait for it forever.
+        let done = GiveUpOnDrop(&shared);
         if maker.is_err() {
             shared.give_up(); // No second thread: every chunk is made here.
         }
@@ -60,8 +64,7 @@ where
                 each(item, made);
             }
         }
-        // Told to stop if it waits for room: this thread is done.
-        shared.give_up();
+        drop(done);
         if let Ok(Err(panic)) = maker.map(|maker| maker.join()) {
             std::panic::resume_unwind(panic);
         }
@@ -115,7 +118,9 @@ impl<U> Shared<U> {
     /// ahead of the caller, makes it, and hands it over. If it panics, the caller makes
     /// the rest.
     fn make_ahead<T>(&self, chunks: &[&[T]], make: &(impl Fn(&T) -> U + Sync)) {
-        let stop = StopOnPanic(self);
+        // If it panics, the caller must not wait for the chunk it was making. (Once it
+        // returns, every chunk it took is made: giving up then changes nothing.)
+        let _done = GiveUpOnDrop(self);
         loop {
             let at = {
                 let mut state = self.lock();
@@ -137,7 +142,6 @@ impl<U> Shared<U> {
             Self::put(&mut self.lock(), at, made);
             self.changed.notify_all();
         }
-        std::mem::forget(stop);
     }
 
     /// The caller, for chunk `at`: the chunk once made, or `None` if no thread took it
@@ -199,11 +203,11 @@ impl<U> Shared<U> {
     }
 }
 
-/// Gives up for the second thread if it panics while making a chunk, so that the caller,
-/// waiting for that chunk, makes it itself.
-struct StopOnPanic<'a, U>(&'a Shared<U>);
+/// Gives up ([`Shared::give_up`]) when dropped: a thread that ends, or panics, leaves
+/// the other waiting for nothing.
+struct GiveUpOnDrop<'a, U>(&'a Shared<U>);
 
-impl<U> Drop for StopOnPanic<'_, U> {
+impl<U> Drop for GiveUpOnDrop<'_, U> {
     fn drop(&mut self) {
         self.0.give_up();
     }
@@ -338,6 +342,32 @@ mod tests {
             },
         );
         assert!(released.load(Ordering::SeqCst), "the caller waited instead");
+    }
+
+    /// A panic on the caller's side ends `map` with that panic, while the second thread
+    /// waits for room: it is told to stop, and the scope does not wait for it forever.
+    #[test]
+    fn a_panic_on_the_callers_side_does_not_leave_the_second_thread_waiting() {
+        let (ended, end) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let items = vec![(); 16 * CHUNK];
+            let mut consumed = 0;
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                map(
+                    &items,
+                    |_| (),
+                    |_, _| {
+                        consumed += 1;
+                        // Slow enough for the second thread to fill its room first.
+                        std::thread::sleep(Duration::from_micros(20));
+                        assert!(consumed < CHUNK, "a bug while making an entry");
+                    },
+                )
+            }));
+            let _ = ended.send(run.is_err());
+        });
+        let panicked = end.recv_timeout(Duration::from_secs(30));
+        assert_eq!(panicked, Ok(true), "map ended with the caller's panic");
     }
 
     /// A panic on the second thread is raised on the caller's, after every item was
