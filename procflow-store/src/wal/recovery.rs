@@ -509,7 +509,7 @@ fn apply(
     numbers: &[u64],
     map: bool,
     mut torn: impl FnMut(&Path, u64) -> Result<(), StoreError>,
-    index: &mut Notes<'_>,
+    notes: &mut Notes<'_>,
 ) -> Result<(State, Vec<SegmentInfo>, u64), StoreError> {
     let mut state = State::default();
     let mut segments = Vec::with_capacity(numbers.len());
@@ -558,7 +558,7 @@ fn apply(
                         put.push(*id);
                         put_bytes += value.len();
                     }
-                    index.note(number, &change);
+                    notes.note(number, &change);
                     state.apply(change);
                 })?;
                 if let Some(waited) = pace.waited(record.header.record_len()) {
@@ -566,7 +566,7 @@ fn apply(
                     // No more than the values put could need, nor than the log's live
                     // values so far: most puts are superseded (on the restart bench's log
                     // the puts alone had about 60 % more arenas made than were filled).
-                    let live = usize::try_from(index.live_bytes()).unwrap_or(usize::MAX);
+                    let live = usize::try_from(notes.live_bytes()).unwrap_or(usize::MAX);
                     arenas.make_ahead_for(waited, (before + put_bytes).min(live));
                     pace.restart(); // The time it took is not the disk's.
                 }
