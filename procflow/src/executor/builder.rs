@@ -409,7 +409,12 @@ fn resume<E: Send + Sync + 'static>(
     // Sized once: grown by doubling, it left its smaller copies behind as free memory.
     let unfinished = records.iter().filter(|r| !r.finished).count();
     let mut live = Vec::with_capacity(unfinished);
-    inner.table().reserve(records.len());
+    // One lock for the whole load: no task runs yet, and nothing else can reach the
+    // table before the start returns. Taken per record (twice for a dormant one), the
+    // lock's release waited for the record's writes to the table, which miss the cache:
+    // half of the start's own time at 500,000 live procedures (perf, docs/BENCHMARKS.md).
+    let mut table = inner.table();
+    table.reserve(records.len());
     // Recorded holders get their locks back as they come, guesses (records older than
     // the field) after all of them; `guessed` says where those are in `live`.
     let mut give_back = GiveBack::new(&inner.locks);
@@ -417,16 +422,15 @@ fn resume<E: Send + Sync + 'static>(
     let mut roots = 0;
     // Room on the event map for every live procedure, given back below if most did not
     // wait on an event (`Table::reserve_events`).
-    inner.table().reserve_events(unfinished);
+    table.reserve_events(unfinished);
     // Each record is made ready on a second thread, ahead of its table entry made here.
     let prepared = |record: &&Record| prepare(inner, record, parent_of);
     ahead::map(&records, prepared, |&record, prepared| {
         let prepared = match prepared {
             Ok(prepared) => prepared,
-            Err(why) => return unloadable(inner, record.id, why),
+            Err(why) => return unloadable(&mut table, record.id, why),
         };
-        // Under one lock: the entry, and the procedure registered on its event.
-        runner::insert_loaded(inner, prepared.entry, aborted.contains(&record.id));
+        runner::insert_loaded(&mut table, prepared.entry, aborted.contains(&record.id));
         let Some(resumed) = prepared.resumed else {
             return; // Finished.
         };
@@ -435,7 +439,7 @@ fn resume<E: Send + Sync + 'static>(
             guess = !claim.recorded;
             holding = give_back.claim(claim);
         }
-        let mut resumed = resumed.unwrap_or_else(|launch| Resumed::runnable(inner, launch));
+        let mut resumed = resumed.unwrap_or_else(|launch| Resumed::runnable(&mut table, launch));
         if holding {
             resumed.set_holding();
         }
@@ -445,7 +449,7 @@ fn resume<E: Send + Sync + 'static>(
         let resumed = if guess {
             Err(resumed)
         } else {
-            resumed.park_now()
+            resumed.park_now(&mut table)
         };
         if let Err(resumed) = resumed {
             if guess {
@@ -456,7 +460,8 @@ fn resume<E: Send + Sync + 'static>(
             live.push(resumed);
         }
     });
-    inner.table().fit_events();
+    table.fit_events();
+    drop(table);
     let (granted, conflicts) = give_back.finish();
     if let Some(conflict) = conflicts.into_iter().next() {
         return Err(ExecutorError::LockConflict {
@@ -689,9 +694,9 @@ fn prepare<E: Send + Sync + 'static>(
 }
 
 /// Notes that the stored procedure `id` cannot be loaded, and why.
-fn unloadable<E>(inner: &Inner<E>, id: u64, (machine, reason): (String, String)) {
+fn unloadable(table: &mut Table, id: u64, (machine, reason): (String, String)) {
     tracing::warn!(id, %machine, %reason, "procedure cannot be loaded; left in the store");
-    inner.table().unloadable.push(Unloadable {
+    table.unloadable.push(Unloadable {
         id: ProcedureId::new(id),
         machine,
         reason,

@@ -20,7 +20,7 @@
 
 use super::{Exit, Launch, Ready, Runner};
 use crate::executor::builder::{Read, launch_stored};
-use crate::executor::inner::{Entry, Inner, Parked, Sleeper};
+use crate::executor::inner::{Entry, Inner, Parked, Sleeper, Table};
 use crate::executor::signal::Signal;
 use crate::stored::record::now_ms;
 use procflow_store::Bytes;
@@ -161,6 +161,17 @@ fn lay_down<E, S: Sleeper + 'static>(
         drop(sleeper);
         return Ok(());
     }
+    lay_down_in(&mut table, inner, id, until_ms, sleeper)
+}
+
+/// [`lay_down`] in a table already locked, the executor known to run.
+fn lay_down_in<E, S: Sleeper + 'static>(
+    table: &mut Table,
+    inner: &Inner<E>,
+    id: u64,
+    until_ms: Option<u64>,
+    sleeper: Box<S>,
+) -> Result<(), Box<S>> {
     let Some(entry) = table.procs.get_mut(&id) else {
         return Err(sleeper);
     };
@@ -250,12 +261,20 @@ impl<E: Send + Sync + 'static> Reload<E> {
         }
     }
 
-    /// Parks it as the start loads it, before any task runs: never counted in the
-    /// admission count, which the start makes of what it leaves running. `Err` gives it
-    /// back if it must not sleep.
-    pub(super) fn park_loaded(self: Box<Self>, until_ms: Option<u64>) -> Result<(), Box<Self>> {
+    /// Parks it in `table` as the start loads it, before any task runs: never counted
+    /// in the admission count, which the start makes of what it leaves running. `Err`
+    /// gives it back if it must not sleep, or if the executor no longer runs (its start
+    /// then drops it, outside the table's lock).
+    pub(super) fn park_loaded(
+        self: Box<Self>,
+        table: &mut Table,
+        until_ms: Option<u64>,
+    ) -> Result<(), Box<Self>> {
+        if !self.inner.is_running() {
+            return Err(self);
+        }
         let inner = Arc::clone(&self.inner);
-        lay_down(&inner, self.id, until_ms, self)
+        lay_down_in(table, &inner, self.id, until_ms, self)
     }
 
     /// Gives it a task, counted in again, whose runner `wake` wakes.

@@ -16,7 +16,7 @@ mod waits;
 use super::erased::{DynProcedure, DynProgress};
 use super::error::ExecutorError;
 use super::hooks::WriteKind;
-use super::inner::{Entry, Inner, Settled};
+use super::inner::{Entry, Inner, Settled, Table};
 use super::packed::{PackedInfo, Snapshot};
 use super::permits::Permit;
 use super::signal::Signal;
@@ -111,9 +111,9 @@ impl<E: Send + Sync + 'static> Resumed<E> {
         })
     }
 
-    /// `launch`, loaded to run, its entry in the table.
-    pub(crate) fn runnable(inner: &Inner<E>, launch: Box<Launch<E>>) -> Self {
-        let wake = signal_of(inner, launch.id);
+    /// `launch`, loaded to run, its entry in `table`.
+    pub(crate) fn runnable(table: &mut Table, launch: Box<Launch<E>>) -> Self {
+        let wake = signal_in(table, launch.id);
         Self::Runnable(launch, wake)
     }
 
@@ -126,14 +126,14 @@ impl<E: Send + Sync + 'static> Resumed<E> {
         }
     }
 
-    /// Parks it now if it is dormant, as the start loads it: its table entry was just
-    /// made, and parking it in a second pass over every loaded procedure found each
-    /// entry out of the cache again (13 % of a restart's start, perf). `Err` gives back
-    /// what must be started ([`start`](Self::start)) once every procedure is loaded.
-    pub(crate) fn park_now(self) -> Result<(), Self> {
+    /// Parks it now in `table` if it is dormant, as the start loads it: its table entry
+    /// was just made, and parking it in a second pass over every loaded procedure found
+    /// each entry out of the cache again (13 % of a restart's start, perf). `Err` gives
+    /// back what must be started ([`start`](Self::start)) once every procedure is loaded.
+    pub(crate) fn park_now(self, table: &mut Table) -> Result<(), Self> {
         match self {
             Self::Dormant { reload, until_ms } => reload
-                .park_loaded(until_ms)
+                .park_loaded(table, until_ms)
                 .map_err(|reload| Self::Dormant { reload, until_ms }),
             runnable @ Self::Runnable(..) => Err(runnable),
         }
@@ -260,13 +260,10 @@ impl LoadedEntry {
     }
 }
 
-/// The table entry for a procedure loaded at start, created if missing, without a
+/// The entry in `table` for a procedure loaded at start, created if missing, without a
 /// wake-up signal yet ([`Resumed::runnable`] makes one for a procedure that gets a
-/// task); registered on its event if it has one, and asked to abort if `aborted`. One
-/// lock for all: each lock's release waits for the writes before it, and these miss
-/// the cache (the release after the event's registration was three quarters of the
-/// start's own time in `perf`).
-pub(crate) fn insert_loaded<E>(inner: &Inner<E>, loaded: LoadedEntry, aborted: bool) {
+/// task); registered on its event if it has one, and asked to abort if `aborted`.
+pub(crate) fn insert_loaded(table: &mut Table, loaded: LoadedEntry, aborted: bool) {
     let LoadedEntry {
         id,
         info,
@@ -274,8 +271,7 @@ pub(crate) fn insert_loaded<E>(inner: &Inner<E>, loaded: LoadedEntry, aborted: b
         finished_ms,
         event,
     } = loaded;
-    let mut table = inner.table();
-    let entry = insert_entry_parts(&mut table, id, || nonce, finished_ms, || info);
+    let entry = insert_entry_parts(table, id, || nonce, finished_ms, || info);
     if aborted {
         entry.ask_abort(|| crate::Error::fatal("aborted on request"));
     }
@@ -306,7 +302,7 @@ impl<E> Launch<E> {
 }
 
 fn insert_entry_locked<'t, E>(
-    table: &'t mut super::inner::Table,
+    table: &'t mut Table,
     launch: &Launch<E>,
     info: impl FnOnce() -> PackedInfo,
 ) -> &'t mut Entry {
@@ -317,7 +313,7 @@ fn insert_entry_locked<'t, E>(
 /// Procedure `id`'s table entry, made (with `info`) if missing; its nonce noted if it
 /// was.
 fn insert_entry_parts(
-    table: &mut super::inner::Table,
+    table: &mut Table,
     id: u64,
     nonce: impl FnOnce() -> Option<Box<str>>,
     finished_ms: Option<u64>,
@@ -338,7 +334,11 @@ fn insert_entry_parts(
 /// The signal that wakes procedure `id`'s task (see [`Entry::signal`]); one linked to
 /// nothing if its entry is gone (the task then finds it gone at its first look).
 pub(crate) fn signal_of<E>(inner: &Inner<E>, id: u64) -> Arc<Signal> {
-    let mut table = inner.table();
+    signal_in(&mut inner.table(), id)
+}
+
+/// [`signal_of`], in a table already locked.
+fn signal_in(table: &mut Table, id: u64) -> Arc<Signal> {
     table
         .procs
         .get_mut(&id)
