@@ -449,7 +449,7 @@ fn resume<E: Send + Sync + 'static>(
         let resumed = if guess {
             Err(resumed)
         } else {
-            resumed.park_now(&mut table)
+            resumed.park_now(inner, &mut table)
         };
         if let Err(resumed) = resumed {
             if guess {

@@ -130,10 +130,10 @@ impl<E: Send + Sync + 'static> Resumed<E> {
     /// was just made, and parking it in a second pass over every loaded procedure found
     /// each entry out of the cache again (13 % of a restart's start, perf). `Err` gives
     /// back what must be started ([`start`](Self::start)) once every procedure is loaded.
-    pub(crate) fn park_now(self, table: &mut Table) -> Result<(), Self> {
+    pub(crate) fn park_now(self, inner: &Inner<E>, table: &mut Table) -> Result<(), Self> {
         match self {
             Self::Dormant { reload, until_ms } => reload
-                .park_loaded(table, until_ms)
+                .park_loaded(inner, table, until_ms)
                 .map_err(|reload| Self::Dormant { reload, until_ms }),
             runnable @ Self::Runnable(..) => Err(runnable),
         }
