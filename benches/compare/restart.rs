@@ -25,14 +25,26 @@ pub fn procedures(quick: bool) -> u64 {
 /// Clients generating the log: enough to keep both cores busy without fsyncs.
 const GENERATORS: u64 = 512;
 
-/// Reading the log and loading it once, from disk or from the page cache.
+/// Rounds of each pass: a read of the log, then a restart on it, taking turns.
+///
+/// Why more than one: measured once each, a cold pass gave what the disk, or the host's
+/// cache under it, did at that moment. The same log's cold read took 0.74 s in one stop's
+/// full runs and 1.77 s in the next's, and a quick run's cold open 44 to 92 ms
+/// (docs/BENCHMARKS.md, stops 58 and 59). Three turns put the same drift into both sides.
+const ROUNDS: u32 = 3;
+
+/// Reading the log and loading it [`ROUNDS`] times, taking turns, from disk or from the
+/// page cache: the means of each side's times.
 struct Pass {
     read: Duration,
     open: Duration,
     ready: Duration,
     live: usize,
-    /// The restarted process's resident memory once ready, in bytes.
+    /// The restarted process's resident memory once ready, in bytes: the largest of the
+    /// rounds.
     rss: u64,
+    /// `load_vs_read` of each round.
+    rounds: Vec<f64>,
 }
 
 impl Pass {
@@ -199,21 +211,31 @@ fn load_in_child(dir: &Path, n: u64, check: bool) -> (Duration, Duration, usize,
     )
 }
 
-/// Reads the files, then loads the store in a fresh process; when `cold`, both start
-/// with an empty page cache.
+/// Reads the files, then loads the store in a fresh process, [`ROUNDS`] times; when
+/// `cold`, each of them starts with an empty page cache.
 fn measure(dir: &Path, files: &[PathBuf], n: u64, cold: bool) -> Pass {
     let cool = || assert!(!cold || drop_page_cache(), "the page cache can be dropped");
-    cool();
-    let read = read_all(files);
-    cool();
-    let (open, ready, live, rss) = load_in_child(dir, n, false);
-    Pass {
-        read,
-        open,
-        ready,
-        live,
-        rss,
+    let mut pass = Pass {
+        read: Duration::ZERO,
+        open: Duration::ZERO,
+        ready: Duration::ZERO,
+        live: 0,
+        rss: 0,
+        rounds: Vec::new(),
+    };
+    for _ in 0..ROUNDS {
+        cool();
+        let read = read_all(files);
+        cool();
+        let (open, ready, live, rss) = load_in_child(dir, n, false);
+        pass.read += read / ROUNDS;
+        pass.open += open / ROUNDS;
+        pass.ready += ready / ROUNDS;
+        pass.live = live;
+        pass.rss = pass.rss.max(rss);
+        pass.rounds.push(read.as_secs_f64() / ready.as_secs_f64());
     }
+    pass
 }
 
 /// Builds the log: `n` procedures through an executor on a WAL without fsync (only the
@@ -359,4 +381,15 @@ fn print_table(
         }
     }
     row("warm", warm);
+    println!();
+    let spread = |pass: &Pass| {
+        let low = pass.rounds.iter().copied().fold(f64::INFINITY, f64::min);
+        let high = pass.rounds.iter().copied().fold(0.0, f64::max);
+        format!("{low:.2}–{high:.2}")
+    };
+    println!(
+        "Each row: the means of {ROUNDS} rounds of a read, then a restart, taking turns. load_vs_read per round: {}warm {}.",
+        cold.map_or(String::new(), |pass| format!("cold {}, ", spread(pass))),
+        spread(warm)
+    );
 }
