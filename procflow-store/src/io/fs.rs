@@ -91,9 +91,9 @@ impl IoBackend for FsBackend {
         // `SIGBUS`. The WAL maps segments only while it holds the directory's lock, so no
         // other procflow process writes them, and it reads only up to the length it
         // truncates a torn tail to (`map_file`'s contract).
-        let map = unsafe { memmap2::MmapOptions::new().map(&file)? };
-        read_ahead(file);
-        Ok(Some(bytes::Bytes::from_owner(map)))
+        let map = Arc::new(unsafe { memmap2::MmapOptions::new().map(&file)? });
+        populate_ahead(&map, file);
+        Ok(Some(bytes::Bytes::from_owner(SharedMap(map))))
     }
 
     fn create_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
@@ -118,30 +118,84 @@ impl IoBackend for FsBackend {
     }
 }
 
-/// How much of the file one read of [`read_ahead`] takes: the kernel's readahead, not
-/// this, sets the size of the disk's reads.
-const READ_AHEAD_CHUNK: usize = 64 * 1024;
+/// A mapped file, shared by its `Bytes` and, weakly, by the thread that populates it.
+struct SharedMap(Arc<memmap2::Mmap>);
 
-/// Has a thread of its own read `file` through, in order, so that the disk reads it into
-/// the page cache while the caller decodes the mapping's first pages.
+impl AsRef<[u8]> for SharedMap {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// How much of a mapping one populating request of [`populate_ahead`] covers.
+const POPULATE_WINDOW: usize = 2 << 20;
+
+/// Has a thread of its own bring `map` (the mapping of `file`) into memory, in order,
+/// so that the disk reads it while the caller decodes the mapping's first pages.
 ///
-/// Why a thread: a `WILLNEED` hint for the whole mapping, what this replaces, has Linux
-/// read one readahead window of it (8 MiB of a 41 MiB segment on the bench's disk); the
-/// rest came in fault by fault, the decoding waiting for each window, so that a cold
-/// open took the read's time and the decoding's one after the other. Hints a window
-/// long each read it all but wait for their requests to be queued, as long as the read
-/// (75 ms for that segment), so not on the caller's thread. On the bench's log of
-/// 50,000 procedures the cold open went from 0.069–0.071 s to 0.052–0.058 s, the
-/// decoding now waiting only where it overtakes the disk (issue 33). If the thread
-/// cannot start, faults read the file as they come, as before.
-fn read_ahead(mut file: File) {
-    let read = move || {
-        let mut chunk = vec![0; READ_AHEAD_CHUNK];
-        while matches!(file.read(&mut chunk), Ok(n) if n > 0) {}
+/// Why a thread: a `WILLNEED` hint for the whole mapping has Linux read one readahead
+/// window of it (8 MiB of a 41 MiB segment on the bench's disk); the rest came in fault
+/// by fault, the decoding waiting for each window, so that a cold open took the read's
+/// time and the decoding's one after the other. Hints a window long each read it all
+/// but wait for their requests to be queued, as long as the read (75 ms for that
+/// segment), so not on the caller's thread (issue 33).
+///
+/// Why `MADV_POPULATE_READ`, window by window, and not reading the file through a
+/// buffer, as this thread first did: the read copied every byte once more, on a core
+/// the replay's other threads (checksums, the compaction index, the copy-out) share, and
+/// left the caller to fault each page of the mapping in. Populated, the pages are in the
+/// caller's page tables when it gets there. A warm restart on the bench's log of
+/// 1,000,000 procedures took 4–8 % less CPU (2.46–2.56 s against 2.63–2.67 s); cold
+/// ones, which wait for the disk, stayed within their spread (docs/BENCHMARKS.md,
+/// "Issue 33 in stop 59").
+///
+/// The thread holds the mapping weakly: once the replay lets go of it, the thread stops
+/// at the next window and the file is unmapped. A window it cannot populate (past an
+/// end cut short, a read error) ends it: the replay meets that place itself. A kernel
+/// without the advice (before Linux 5.14) has the file read through a buffer instead; if
+/// the thread cannot start, faults read the file as they come.
+fn populate_ahead(map: &Arc<memmap2::Mmap>, file: File) {
+    let map = Arc::downgrade(map);
+    let populate = move || {
+        let mut at = 0;
+        while let Some(map) = map.upgrade().filter(|map| at < map.len()) {
+            let len = POPULATE_WINDOW.min(map.len() - at);
+            match populate(&map, at, len) {
+                Ok(()) => at += len,
+                Err(e) if e.kind() == io::ErrorKind::InvalidInput && at == 0 => {
+                    drop(map);
+                    return read_through(file);
+                }
+                Err(_) => return,
+            }
+        }
     };
     let _ = std::thread::Builder::new()
         .name("procflow-read-ahead".into())
-        .spawn(read);
+        .spawn(populate);
+}
+
+/// Populates `len` bytes of `map` from `at`: `EINVAL` where the kernel has no
+/// `MADV_POPULATE_READ`.
+#[cfg(target_os = "linux")]
+fn populate(map: &memmap2::Mmap, at: usize, len: usize) -> io::Result<()> {
+    map.advise_range(memmap2::Advice::PopulateRead, at, len)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn populate(_: &memmap2::Mmap, _: usize, _: usize) -> io::Result<()> {
+    Err(io::ErrorKind::InvalidInput.into())
+}
+
+/// How much of the file one read of [`read_through`] takes: the kernel's readahead, not
+/// this, sets the size of the disk's reads.
+const READ_AHEAD_CHUNK: usize = 64 * 1024;
+
+/// Reads `file` through, in order, into the page cache, where the mapping cannot be
+/// populated.
+fn read_through(mut file: File) {
+    let mut chunk = vec![0; READ_AHEAD_CHUNK];
+    while matches!(file.read(&mut chunk), Ok(n) if n > 0) {}
 }
 
 /// What [`LogFile::reserve`] writes ahead of a segment's records, a megabyte at a time.
@@ -222,4 +276,48 @@ fn write_all_at(mut file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
     use std::io::{Seek, SeekFrom, Write};
     file.seek(SeekFrom::Start(offset))?;
     file.write_all(buf)
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// The resident size, in kB, of this process's mapping that starts at `start`, as
+    /// `/proc/self/smaps` tells it.
+    fn resident_kb(start: usize) -> u64 {
+        let smaps = fs::read_to_string("/proc/self/smaps").unwrap();
+        let header = format!("{start:x}-");
+        let mut lines = smaps.lines().skip_while(|line| !line.starts_with(&header));
+        lines
+            .find_map(|line| line.strip_prefix("Rss:"))
+            .and_then(|rss| rss.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("the mapping is listed")
+    }
+
+    /// A mapped segment comes into the mapping ahead of the caller: a thread populates
+    /// it, so its pages are resident in this process before anything here reads them
+    /// (read through a buffer instead, they would be in the page cache only).
+    #[test]
+    fn a_mapped_file_is_populated_ahead_of_its_reader() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment");
+        let len = 8 << 20;
+        fs::write(&path, vec![7u8; len]).unwrap();
+        let bytes = FsBackend.map_file(&path).unwrap().expect("mapped");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let resident = resident_kb(bytes.as_ptr() as usize);
+            if resident >= (len >> 10) as u64 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{resident} kB of the mapping's {} kB resident after 10 s",
+                len >> 10
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(bytes.iter().all(|&byte| byte == 7));
+    }
 }
