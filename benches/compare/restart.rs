@@ -28,8 +28,8 @@ const GENERATORS: u64 = 512;
 /// Rounds of each pass: a read of the log, then a restart on it, taking turns.
 ///
 /// Why more than one: measured once each, a cold pass gave what the disk, or the host's
-/// cache under it, did at that moment. The same log's cold read took 0.74 s in one stop's
-/// full runs and 1.77 s in the next's, and a quick run's cold open 44 to 92 ms
+/// cache under it, did at that moment. The same log's cold read took 1.77 s in one stop's
+/// full run and 0.74 s in the next's, and a quick run's cold open 44 to 92 ms
 /// (docs/BENCHMARKS.md, stops 58 and 59). Three turns put the same drift into both sides.
 const ROUNDS: u32 = 3;
 

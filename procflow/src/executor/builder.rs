@@ -410,9 +410,10 @@ fn resume<E: Send + Sync + 'static>(
     let unfinished = records.iter().filter(|r| !r.finished).count();
     let mut live = Vec::with_capacity(unfinished);
     // One lock for the whole load: no task runs yet, and nothing else can reach the
-    // table before the start returns. Taken per record (twice for a dormant one), the
-    // lock's release waited for the record's writes to the table, which miss the cache:
-    // half of the start's own time at 500,000 live procedures (perf, docs/BENCHMARKS.md).
+    // table before the start returns. Taken per record (twice for a dormant one), each
+    // release waited for the record's writes to the table, which miss the cache: perf
+    // put half of the start's own time there at 500,000 live procedures, and the start
+    // took 6 % less without them (docs/BENCHMARKS.md, "Issue 33 in stop 59").
     let mut table = inner.table();
     table.reserve(records.len());
     // Recorded holders get their locks back as they come, guesses (records older than
