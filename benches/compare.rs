@@ -48,6 +48,9 @@
 //! `-- --cell in-flight:N` prints the resident memory of a procedure in flight (N
 //! procedures whose handler never returns, each keeping its task: `compare/in_flight.rs`).
 //! `-- --cell-ms MS` sets every cell's time (for a run under valgrind).
+//! `-- --threads` with a rate cell (`store`, `wal`, `nosync`, `mem`, `yield`, `answered`,
+//! `hand`) also prints, per thread name, the CPUs it kept busy and its CPU time and
+//! scheduler delay per step over the cell's middle half (`compare/threads.rs`).
 //! `-- --history N` runs every workload with `Config::history = N` (default 32), to
 //! measure what the step history costs.
 //!
@@ -113,6 +116,8 @@ mod restart;
 mod single;
 #[path = "compare/suspending.rs"]
 mod suspending;
+#[path = "compare/threads.rs"]
+mod threads;
 #[cfg(not(all(feature = "etcd", feature = "postgres", feature = "admin")))]
 #[path = "../tests/support/with_feature.rs"]
 mod with_feature;
@@ -368,6 +373,14 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
     let (kind, clients) = cell.split_once(':').expect("--cell KIND:CONCURRENCY");
     let clients: u64 = clients.parse().expect("a concurrency");
     let dir = base.join("cell");
+    // `--threads`: where the cell's CPU goes (see `threads.rs`); for the cells whose
+    // figure is a rate, whose setup is short beside the cell.
+    let window = (std::env::args().any(|arg| arg == "--threads")
+        && matches!(
+            kind,
+            "store" | "wal" | "nosync" | "mem" | "yield" | "answered" | "hand"
+        ))
+    .then(|| threads::Window::start(plan.cell));
     let rate = match kind {
         "store" => {
             let store = Arc::new(WalStore::open(&dir, WalConfig::default()).expect("open WAL"));
@@ -478,6 +491,9 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
         ),
     };
     println!("{cell}: {rate:.0}/s");
+    if let Some(window) = window {
+        window.print(cell, rate);
+    }
 }
 
 fn header(plan: &Plan, dir: &Path) {
