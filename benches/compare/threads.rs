@@ -8,15 +8,17 @@
 //! thread name: the CPUs it kept busy, its CPU time per step, and how long it sat
 //! runnable without a CPU (the scheduler's delay) per step.
 //!
-//! Linux only: elsewhere, and for threads that end inside the window, nothing is counted.
+//! Linux only: elsewhere nothing is counted. A thread that ends inside the window is not
+//! counted; one that starts inside it is, from its start.
 
 use std::collections::BTreeMap;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Nanoseconds on a CPU and waiting for one, summed by thread name.
+/// Each thread's name, nanoseconds on a CPU and nanoseconds waiting for one, by thread
+/// id.
 #[derive(Default)]
-struct Sample(BTreeMap<String, (u64, u64)>);
+struct Sample(BTreeMap<u64, (String, u64, u64)>);
 
 impl Sample {
     /// Every thread of this process, now.
@@ -27,6 +29,7 @@ impl Sample {
         };
         for task in tasks.flatten() {
             let path = task.path();
+            let id = task.file_name().to_string_lossy().parse().unwrap_or(0);
             let (Ok(comm), Ok(stat)) = (
                 std::fs::read_to_string(path.join("comm")),
                 std::fs::read_to_string(path.join("schedstat")),
@@ -37,9 +40,9 @@ impl Sample {
                 .split_whitespace()
                 .map(|f| f.parse::<u64>().unwrap_or(0));
             let (on_cpu, waiting) = (fields.next().unwrap_or(0), fields.next().unwrap_or(0));
-            let entry = sample.0.entry(comm.trim().to_owned()).or_default();
-            entry.0 += on_cpu;
-            entry.1 += waiting;
+            sample
+                .0
+                .insert(id, (comm.trim().to_owned(), on_cpu, waiting));
         }
         sample
     }
@@ -67,11 +70,18 @@ impl Window {
         };
         let steps = rate * window.as_secs_f64();
         let seconds = window.as_nanos() as f64;
+        // Each thread's own difference first (one that started inside the window counts
+        // from its start), then summed by name.
+        let mut by_name: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        for (id, (name, on_cpu, waiting)) in &last.0 {
+            let (was_on, was_waiting) = first.0.get(id).map_or((0, 0), |t| (t.1, t.2));
+            let sum = by_name.entry(name).or_default();
+            sum.0 += on_cpu.saturating_sub(was_on);
+            sum.1 += waiting.saturating_sub(was_waiting);
+        }
         let mut total = (0.0, 0.0);
-        for (name, &(on_cpu, waiting)) in &last.0 {
-            let (was_on, was_waiting) = first.0.get(name).copied().unwrap_or_default();
-            let busy = on_cpu.saturating_sub(was_on) as f64;
-            let delayed = waiting.saturating_sub(was_waiting) as f64;
+        for (name, (busy, delayed)) in by_name {
+            let (busy, delayed) = (busy as f64, delayed as f64);
             if busy == 0.0 {
                 continue;
             }
