@@ -35,6 +35,7 @@ const ROUNDS: u32 = 3;
 
 /// Reading the log and loading it [`ROUNDS`] times, taking turns, from disk or from the
 /// page cache: the means of each side's times.
+#[derive(Default)]
 struct Pass {
     read: Duration,
     open: Duration,
@@ -215,14 +216,7 @@ fn load_in_child(dir: &Path, n: u64, check: bool) -> (Duration, Duration, usize,
 /// `cold`, each of them starts with an empty page cache.
 fn measure(dir: &Path, files: &[PathBuf], n: u64, cold: bool) -> Pass {
     let cool = || assert!(!cold || drop_page_cache(), "the page cache can be dropped");
-    let mut pass = Pass {
-        read: Duration::ZERO,
-        open: Duration::ZERO,
-        ready: Duration::ZERO,
-        live: 0,
-        rss: 0,
-        rounds: Vec::new(),
-    };
+    let mut pass = Pass::default();
     for _ in 0..ROUNDS {
         cool();
         let read = read_all(files);
