@@ -17,8 +17,14 @@ use procflow_store::{
     Batch, BoxFuture, Limits, Loaded, MemStore, ProcId, Record, RecordInfo, Store, StoreError,
 };
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
+
+/// How long the answering thread polls an empty queue before it sleeps: the WAL
+/// committer's `SPIN`.
+const SPIN: Duration = Duration::from_micros(100);
 
 /// A `MemStore` whose commits suspend: through a yield, or waiting for an answering
 /// thread.
@@ -31,8 +37,33 @@ pub struct Suspending {
 /// Replies waiting for the answering thread, and whether the store is gone.
 #[derive(Default)]
 struct Waiting {
-    queue: Mutex<(Vec<oneshot::Sender<()>>, bool)>,
+    queue: Mutex<Queue>,
     queued: Condvar,
+    /// Replies were pushed since the thread last took them: what its spin polls, without
+    /// the lock.
+    pending: AtomicBool,
+}
+
+/// What the answering thread takes, under [`Waiting`]'s lock.
+#[derive(Default)]
+struct Queue {
+    replies: Vec<oneshot::Sender<()>>,
+    closed: bool,
+    /// The thread waits on the condition variable: a push must notify it. As the WAL's
+    /// queue does, so that a commit makes no system call while the thread is awake.
+    sleeping: bool,
+}
+
+impl Waiting {
+    fn push(&self, reply: oneshot::Sender<()>) {
+        let mut queue = self.queue.lock().expect("the queue");
+        queue.replies.push(reply);
+        self.pending.store(true, Ordering::Release);
+        if queue.sleeping {
+            queue.sleeping = false;
+            self.queued.notify_one();
+        }
+    }
 }
 
 impl Suspending {
@@ -62,25 +93,33 @@ impl Suspending {
 impl Drop for Suspending {
     fn drop(&mut self) {
         if let Some(waiting) = &self.answering {
-            waiting.queue.lock().expect("the queue").1 = true;
+            waiting.queue.lock().expect("the queue").closed = true;
             waiting.queued.notify_all();
         }
     }
 }
 
 /// Answers everything queued, group by group, as the WAL's committer does, until the
-/// store is dropped.
+/// store is dropped. Like the committer, it polls an empty queue for [`SPIN`] before it
+/// sleeps.
 fn answer_until_closed(waiting: &Waiting) {
     loop {
+        let spin_until = Instant::now() + SPIN;
+        while !waiting.pending.load(Ordering::Acquire) && Instant::now() < spin_until {
+            std::hint::spin_loop();
+        }
         let group = {
             let mut queue = waiting.queue.lock().expect("the queue");
-            while queue.0.is_empty() && !queue.1 {
+            while queue.replies.is_empty() && !queue.closed {
+                queue.sleeping = true;
                 queue = waiting.queued.wait(queue).expect("the queue");
             }
-            if queue.0.is_empty() {
+            queue.sleeping = false;
+            waiting.pending.store(false, Ordering::Release);
+            if queue.replies.is_empty() {
                 return;
             }
-            std::mem::take(&mut queue.0)
+            std::mem::take(&mut queue.replies)
         };
         for reply in group {
             let _ = reply.send(());
@@ -97,8 +136,7 @@ impl Store for Suspending {
             };
             let applied = self.store.commit(batch).await;
             let (reply, answer) = oneshot::channel();
-            waiting.queue.lock().expect("the queue").0.push(reply);
-            waiting.queued.notify_one();
+            waiting.push(reply);
             let _ = answer.await;
             applied
         })
