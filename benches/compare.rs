@@ -52,7 +52,12 @@
 //! `hand`) also prints, per thread name, the CPUs it kept busy and its CPU time and
 //! scheduler delay per step over the cell's middle half (`compare/threads.rs`).
 //! `-- --history N` runs every workload with `Config::history = N` (default 32), to
-//! measure what the step history costs.
+//! measure what the step history costs; `-- --max-running N` with
+//! `Config::max_running = N` (default 10,000), to measure a smaller set of procedures
+//! running at once.
+//! `cargo bench --bench compare --features alloc-sim -- --cell KIND:N` also prints, per
+//! allocation size, how often glibc's per-thread cache of seven blocks would miss
+//! (`compare/alloc_sim.rs`; a measuring build, not for its rates).
 //!
 //! `-- --etcd` runs workload 8 alone (`compare/etcd.rs`, quick unless `--full`): the
 //! executor on a local 3-member etcd at 1/16/256 clients against one client's loop of the
@@ -77,6 +82,9 @@
 #[cfg(feature = "admin")]
 #[path = "compare/admin.rs"]
 mod admin;
+#[cfg(feature = "alloc-sim")]
+#[path = "compare/alloc_sim.rs"]
+mod alloc_sim;
 #[path = "compare/chart.rs"]
 mod chart;
 #[path = "compare/disk_use.rs"]
@@ -381,6 +389,8 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             "store" | "wal" | "nosync" | "mem" | "yield" | "answered" | "hand"
         ))
     .then(|| threads::Window::start(plan.cell));
+    #[cfg(feature = "alloc-sim")]
+    alloc_sim::start();
     let rate = match kind {
         "store" => {
             let store = Arc::new(WalStore::open(&dir, WalConfig::default()).expect("open WAL"));
@@ -491,6 +501,8 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
         ),
     };
     println!("{cell}: {rate:.0}/s");
+    #[cfg(feature = "alloc-sim")]
+    alloc_sim::print(rate * plan.cell.as_secs_f64());
     if let Some(window) = window {
         window.print(cell, rate);
     }

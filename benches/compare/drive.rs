@@ -173,12 +173,18 @@ pub async fn executor_closed_loop(
 }
 
 /// The executor's settings in every workload: the defaults, but for `-- --history N`,
-/// the step-history entries each record keeps (to measure what the history costs).
+/// the step-history entries each record keeps (to measure what the history costs), and
+/// `-- --max-running N`, the root procedures that may run at once.
 pub fn config() -> Config {
     let history = crate::flag_value("--history", "--history N: the entries each record keeps");
     let default = Config::default();
+    let max_running = crate::flag_value(
+        "--max-running",
+        "--max-running N: root procedures running at once",
+    );
     Config {
         history: history.unwrap_or(default.history),
+        max_running: max_running.unwrap_or(default.max_running),
         ..default
     }
 }
