@@ -31,7 +31,8 @@
 //! WAL's hand-off without the WAL (`compare/suspending.rs`); `nosync:256` the executor on
 //! the WAL with `SyncMode::NoSync`;
 //! `hand:256` is the hand loop persisting to
-//! a `MemStore` (workload 4's second baseline); `raw:1` is the raw write+fdatasync loop
+//! a `MemStore` (workload 4's second baseline), `hand-wal:256` the same loop on the
+//! durable WAL (without its yields: a commit there suspends already); `raw:1` is the raw write+fdatasync loop
 //! with records of a step's size. `-- --cell single:R` runs workload 1 alone, interleaved
 //! in R rounds over the cell's time; `-- --cell gap:G` runs the raw loop into
 //! preallocated space against the same loop kept busy for G microseconds after each
@@ -386,7 +387,7 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
     let window = (std::env::args().any(|arg| arg == "--threads")
         && matches!(
             kind,
-            "store" | "wal" | "nosync" | "mem" | "yield" | "answered" | "hand"
+            "store" | "wal" | "nosync" | "mem" | "yield" | "answered" | "hand" | "hand-wal"
         ))
     .then(|| threads::Window::start(plan.cell));
     #[cfg(feature = "alloc-sim")]
@@ -413,6 +414,12 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
         "hand" => runtime.block_on(async {
             let store: Arc<dyn Store> = Arc::new(MemStore::new());
             hand_store::closed_loop_on_store(store, clients, plan.cell)
+                .await
+                .steps_per_sec()
+        }),
+        "hand-wal" => runtime.block_on(async {
+            let store = WalStore::open(&dir, WalConfig::default()).expect("open WAL");
+            hand_store::closed_loop_durable(Arc::new(store), clients, plan.cell)
                 .await
                 .steps_per_sec()
         }),
@@ -497,7 +504,7 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             return;
         }
         other => panic!(
-            "unknown cell kind {other}: store, wal, nosync, mem, yield, answered, hand, raw, single, gap, ahead, latency, restart, durable, overhead or in-flight"
+            "unknown cell kind {other}: store, wal, nosync, mem, yield, answered, hand, hand-wal, raw, single, gap, ahead, latency, restart, durable, overhead or in-flight"
         ),
     };
     println!("{cell}: {rate:.0}/s");

@@ -132,17 +132,37 @@ pub enum Write {
     End,
 }
 
+/// How a hand loop numbers its procedures.
+#[derive(Clone, Copy)]
+pub enum Ids {
+    /// The client's number, then its procedure's: each client's procedures are a range
+    /// of their own.
+    PerClient,
+    /// One count for all, in the order procedures start, as the executor numbers them:
+    /// records kept after their procedure ends then sit together, behind the live ones.
+    Sequential,
+}
+
 /// `clients` closed-loop clients driving the ten-step machine's handlers by hand, each
 /// procedure's writes made by `persist(id, write)`.
-pub async fn hand_persisting_loop<P, Fut>(clients: u64, duration: Duration, persist: P) -> Rate
+pub async fn hand_persisting_loop<P, Fut>(
+    clients: u64,
+    duration: Duration,
+    ids: Ids,
+    persist: P,
+) -> Rate
 where
     P: Fn(u64, Write) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let persist = Arc::new(persist);
     let env = Arc::new(());
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(1));
     closed_loop(clients, duration, move |client, n| {
-        let id = client << 32 | n;
+        let id = match ids {
+            Ids::PerClient => client << 32 | n,
+            Ids::Sequential => next.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        };
         let ctx = Context::new(ProcedureId::new(id), Arc::clone(&env));
         let persist = Arc::clone(&persist);
         async move {
@@ -173,8 +193,10 @@ pub async fn executor_closed_loop(
 }
 
 /// The executor's settings in every workload: the defaults, but for `-- --history N`,
-/// the step-history entries each record keeps (to measure what the history costs), and
-/// `-- --max-running N`, the root procedures that may run at once.
+/// the step-history entries each record keeps (to measure what the history costs),
+/// `-- --max-running N`, the root procedures that may run at once, and
+/// `-- --retention-ms MS`, how long a finished procedure is kept (looked for as often,
+/// at least every 50 ms), to measure what finished procedures kept in the store cost.
 pub fn config() -> Config {
     let history = crate::flag_value("--history", "--history N: the entries each record keeps");
     let default = Config::default();
@@ -182,11 +204,20 @@ pub fn config() -> Config {
         "--max-running",
         "--max-running N: root procedures running at once",
     );
-    Config {
+    let mut config = Config {
         history: history.unwrap_or(default.history),
         max_running: max_running.unwrap_or(default.max_running),
         ..default
+    };
+    let retention = crate::flag_value(
+        "--retention-ms",
+        "--retention-ms MS: how long finished procedures are kept",
+    );
+    if let Some(ms) = retention {
+        config.retention = Duration::from_millis(ms);
+        config.cleanup_interval = Duration::from_millis(ms.max(50));
     }
+    config
 }
 
 /// An executor on `store` that runs the ten-step machine.

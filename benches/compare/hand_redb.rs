@@ -1,7 +1,7 @@
 //! Workload 3: the ten-step machine persisted the way a user without procflow would, each
 //! step's state committed to a redb table (a durable commit per step).
 
-use crate::drive::{Rate, Write, hand_persisting_loop};
+use crate::drive::{Ids, Rate, Write, hand_persisting_loop};
 use redb::{Database, TableDefinition};
 use std::path::Path;
 use std::sync::Arc;
@@ -18,7 +18,7 @@ const PROCEDURES: TableDefinition<u64, &[u8]> = TableDefinition::new("procedures
 pub async fn closed_loop_on_redb(dir: &Path, clients: u64, duration: Duration) -> Rate {
     std::fs::create_dir_all(dir).expect("create the redb directory");
     let db = Arc::new(Database::create(dir.join("procedures.redb")).expect("create redb"));
-    hand_persisting_loop(clients, duration, move |id, write| {
+    hand_persisting_loop(clients, duration, Ids::PerClient, move |id, write| {
         let db = Arc::clone(&db);
         async move {
             // An ended procedure's row stays: the redb table has no cleanup.
