@@ -32,8 +32,8 @@
 //! the WAL with `SyncMode::NoSync`;
 //! `hand:256` is the hand loop persisting to
 //! a `MemStore` (workload 4's second baseline), `hand-wal:256` the same loop on the
-//! durable WAL (without its yields: a commit there suspends already); `raw:1` is the raw write+fdatasync loop
-//! with records of a step's size. `-- --cell single:R` runs workload 1 alone, interleaved
+//! durable WAL (without its yields: a commit there suspends already); `raw:1` is the raw
+//! write+fdatasync loop with records of a step's size. `-- --cell single:R` runs workload 1 alone, interleaved
 //! in R rounds over the cell's time; `-- --cell gap:G` runs the raw loop into
 //! preallocated space against the same loop kept busy for G microseconds after each
 //! sync (what a pause between a sync and the next write costs: `compare/gap.rs`);

@@ -17,10 +17,10 @@ pub async fn closed_loop_on_store(store: Arc<dyn Store>, clients: u64, duration:
 }
 
 /// `--cell hand-wal:N`: the same loop on a durable `WalStore`, whose commits suspend
-/// their task already, so without the `yield_now`. Each procedure is a task of its own
-/// with nothing but its handlers' state: the least a durable step can be made of, to
-/// set beside the executor's on the same store (docs/BENCHMARKS.md, "Issue 33 in stop
-/// 62").
+/// their task already, so without the `yield_now`. Each client is a task that runs one
+/// procedure after another, holding nothing but the handlers' state: about the least a
+/// durable step can be made of, to set beside the executor's on the same store
+/// (docs/BENCHMARKS.md, "Issue 33 in stop 62").
 pub async fn closed_loop_durable(store: Arc<dyn Store>, clients: u64, duration: Duration) -> Rate {
     closed_loop_yielding(store, clients, duration, false).await
 }
