@@ -33,9 +33,9 @@
 //! `hand:256` is the hand loop persisting to
 //! a `MemStore` (workload 4's second baseline), `hand-wal:256` the same loop on the
 //! durable WAL (without its yields: a commit there suspends already); `raw:1` is the raw
-//! write+fdatasync loop with records of a step's size. `-- --cell single:R` runs workload 1 alone, interleaved
-//! in R rounds over the cell's time; `-- --cell gap:G` runs the raw loop into
-//! preallocated space against the same loop kept busy for G microseconds after each
+//! write+fdatasync loop with records of a step's size. `-- --cell single:R` runs
+//! workload 1 alone, interleaved in R rounds over the cell's time; `-- --cell gap:G`
+//! runs the raw loop into preallocated space against the same loop kept busy for G microseconds after each
 //! sync (what a pause between a sync and the next write costs: `compare/gap.rs`);
 //! `-- --cell ahead:S` the raw loop of S-byte records into space written with zeros ahead
 //! (as the WAL allocates it) against the same into `fallocate`d space, taking turns;
@@ -55,7 +55,10 @@
 //! `-- --history N` runs every workload with `Config::history = N` (default 32), to
 //! measure what the step history costs; `-- --max-running N` with
 //! `Config::max_running = N` (default 10,000), to measure a smaller set of procedures
-//! running at once.
+//! running at once; `-- --retention-ms MS` with finished procedures kept MS ms (default
+//! 15 minutes). The hand loops on a store (`hand`, `hand-wal`) take `-- --pad BYTES`
+//! (bytes added to every value) and `-- --keep-finished` (records finished, not deleted),
+//! to write as the executor does (`compare/hand_store.rs`).
 //! `cargo bench --bench compare --features alloc-sim -- --cell KIND:N` also prints, per
 //! allocation size, how often glibc's per-thread cache of seven blocks would miss
 //! (`compare/alloc_sim.rs`; a measuring build, not for its rates).

@@ -4,6 +4,7 @@
 //! adds: the bookkeeping around each step, not the writes both make.
 
 use crate::drive::{Ids, Rate, Write, hand_persisting_loop};
+use crate::machine::STATE_BYTES;
 use procflow_store::{Batch, Store};
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,7 +49,9 @@ async fn closed_loop_yielding(
                     value.resize(value.len() + shape.pad, 0);
                     Batch::new().put(id, None, value)
                 }
-                Write::End if shape.keep => Batch::new().finish(id, vec![0; 64 + shape.pad]),
+                Write::End if shape.keep => {
+                    Batch::new().finish(id, vec![0; STATE_BYTES + shape.pad])
+                }
                 Write::End => Batch::new().delete(id),
             };
             store.commit(batch).await.expect("commit");
