@@ -227,6 +227,7 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
         )
         .await?;
         let (table, next_id) = table_from(&loaded)?;
+        let journal_on = table.journal.on_flag();
         let table = Arc::new(std::sync::Mutex::new(table));
         let inner = Arc::new(Inner {
             workers: Workers::new(self.config.workers.max(1)),
@@ -237,6 +238,7 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             config: self.config,
             registry: self.registry,
             table: Arc::clone(&table),
+            journal_on,
             locks: LockTable::new(),
             // Everything below `next_id` may have been handed out before the restart:
             // the first allocation reserves a new block.

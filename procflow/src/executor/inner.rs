@@ -17,6 +17,7 @@ use crate::stored::record::NEXT_ID_KEY;
 use crate::{Error, ProcedureId};
 use futures_util::FutureExt;
 use procflow_store::{Batch, Op, Store, StoreError};
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
@@ -89,6 +90,8 @@ pub(crate) struct Inner<E> {
     /// backpressure.
     pub(crate) live_roots: AtomicUsize,
     pub(crate) table: Arc<Mutex<Table>>,
+    /// Whether the table's journal notes changes ([`Journal::on_flag`](super::journal::Journal::on_flag)).
+    pub(crate) journal_on: Arc<std::sync::atomic::AtomicBool>,
     pub(crate) locks: LockTable,
     /// The ids handed out so far and the durable reservation's end.
     pub(crate) ids: Ids,
@@ -312,6 +315,7 @@ impl Entry {
     /// once it has ended, the callers of `wait` are told how.
     pub(crate) fn publish(&mut self, info: PackedInfo) {
         self.info.send_if_changed(info);
+        self.mark_watched();
         if self.asked.is_none() {
             return;
         }
@@ -356,8 +360,28 @@ impl Entry {
     /// that a stop was asked.
     pub(crate) fn signal(&mut self) -> Arc<Signal> {
         let asked_to_stop = self.asked_to_stop();
-        let wake = (self.wake).get_or_insert_with(|| Arc::new(Signal::new(asked_to_stop)));
+        let watched = self.info.drop_unwatched();
+        let wake = (self.wake).get_or_insert_with(|| Arc::new(Signal::new(asked_to_stop, watched)));
         Arc::clone(wake)
+    }
+
+    /// The procedure's current snapshot: the one published to the entry, moved on by
+    /// the steps its task kept as progress since (see `signal.rs`).
+    pub(crate) fn snapshot(&self) -> Cow<'_, PackedInfo> {
+        let published = self.info.borrow();
+        let progress = self.wake.as_ref().and_then(|wake| wake.progress());
+        match progress.and_then(|progress| published.moved_on(&progress)) {
+            Some(moved) => Cow::Owned(moved),
+            None => Cow::Borrowed(published),
+        }
+    }
+
+    /// Tells the task whether someone subscribed to the snapshots (a channel is kept).
+    fn mark_watched(&mut self) {
+        let watched = self.info.drop_unwatched();
+        if let Some(wake) = &self.wake {
+            wake.set_watched(watched);
+        }
     }
 
     /// Whether the procedure was roused since its task last looked: takes the permit.
@@ -469,7 +493,13 @@ impl Table {
         &mut self,
         id: u64,
     ) -> Option<tokio::sync::watch::Receiver<ProcedureInfo>> {
-        let (receiver, made) = self.procs.get_mut(&id)?.info.subscribe();
+        let entry = self.procs.get_mut(&id)?;
+        // The channel starts from the snapshot as it is now, progress included.
+        if let Cow::Owned(moved) = entry.snapshot() {
+            entry.info.send_replace(moved);
+        }
+        let (receiver, made) = entry.info.subscribe();
+        entry.mark_watched();
         if made {
             self.watched.push(id);
         }
@@ -488,9 +518,10 @@ impl Table {
         self.watched.dedup();
         let procs = &mut self.procs;
         self.watched.retain(|id| {
-            procs
-                .get_mut(id)
-                .is_some_and(|entry| entry.info.drop_unwatched())
+            procs.get_mut(id).is_some_and(|entry| {
+                entry.mark_watched();
+                entry.info.drop_unwatched()
+            })
         });
     }
 

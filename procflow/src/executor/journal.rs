@@ -17,6 +17,10 @@ pub(crate) struct Journal {
     /// The ids noted since the last take; `None` while no list reads them, or once
     /// they outgrew their bound.
     ids: Option<Vec<u64>>,
+    /// Whether `ids` is `Some`, readable without the table's lock: while ids are noted,
+    /// every step publishes its snapshot whole, so that its id is noted (see
+    /// `signal.rs`).
+    on: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Ids a journal holds, beyond twice its table's size, before it gives up (a small
@@ -43,7 +47,7 @@ impl Journal {
             if ids.len() < 2 * procedures + AT_LEAST {
                 ids.push(id);
             } else {
-                self.ids = None;
+                self.set(None);
             }
         }
     }
@@ -53,10 +57,21 @@ impl Journal {
         self.ids.is_some()
     }
 
+    /// [`is_on`](Self::is_on), to read without the table's lock.
+    pub(crate) fn on_flag(&self) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+        std::sync::Arc::clone(&self.on)
+    }
+
+    fn set(&mut self, ids: Option<Vec<u64>>) {
+        self.on
+            .store(ids.is_some(), std::sync::atomic::Ordering::Release);
+        self.ids = ids;
+    }
+
     /// Starts noting afresh: the table is being taken whole.
     #[cfg(feature = "admin")]
     pub(crate) fn restart(&mut self) {
-        self.ids = Some(Vec::new());
+        self.set(Some(Vec::new()));
     }
 
     /// What was noted since the last take; noting goes on.

@@ -274,7 +274,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
             .table()
             .procs
             .get(&id.get())
-            .map(|entry| entry.info.borrow().unpack())
+            .map(|entry| entry.snapshot().unpack())
     }
 
     /// Every procedure the executor knows (live, and finished within their retention),
@@ -286,7 +286,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
             .table()
             .procs
             .values()
-            .map(|entry| entry.info.borrow().unpack())
+            .map(|entry| entry.snapshot().unpack())
             .collect();
         all.sort_by_key(|info| info.id);
         all

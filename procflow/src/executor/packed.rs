@@ -121,6 +121,45 @@ fn nanos_of_ms(ms: u64) -> Option<u64> {
     ms.checked_mul(1_000_000).filter(|&n| n != 0)
 }
 
+/// What a step that leaves its procedure's status as it was changes in its snapshot:
+/// the state, the step count and the update time. Kept in the procedure's
+/// [`Signal`](super::signal::Signal), not published to its table entry: see
+/// `signal.rs` for why, and [`PackedInfo::moved_on`] for how readers apply it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Progress {
+    plain: Plain,
+    state: &'static str,
+    steps: u64,
+    /// Nanoseconds since the epoch, as [`PackedInfo`]'s.
+    updated: u64,
+}
+
+impl Progress {
+    /// `snapshot`'s progress, if a snapshot this plain can be kept as one: running or
+    /// rolling back, without an error, its update time in nanoseconds. `None` for
+    /// anything else, which is published whole.
+    pub(crate) fn of(snapshot: &Snapshot) -> Option<Self> {
+        let plain = match snapshot.status {
+            Status::Runnable => Plain::Runnable,
+            Status::RollingBack => Plain::RollingBack,
+            _ => return None,
+        };
+        let fits = snapshot.error.is_none() && nanos_of_ms(snapshot.submitted_ms).is_some();
+        Some(Self {
+            plain,
+            state: snapshot.state,
+            steps: snapshot.steps,
+            updated: nanos_of_ms(snapshot.updated_ms).filter(|_| fits)?,
+        })
+    }
+
+    /// Whether it keeps the status of `other` (a step may be kept as progress only on
+    /// top of a snapshot of the same status).
+    pub(crate) fn same_status(&self, other: &Self) -> bool {
+        self.plain == other.plain
+    }
+}
+
 /// A procedure's snapshot as the executor makes it, its times as its record keeps them
 /// (ms since the epoch): packed straight into a [`PackedInfo`], with no
 /// [`ProcedureInfo`] in between, as every step publishes one.
@@ -231,6 +270,19 @@ impl PackedInfo {
             rare,
             plain,
         }
+    }
+
+    /// This snapshot moved on by `progress`: `None` unless `progress` is further on (more
+    /// steps) and has the same plain status, so that applying it never mixes a newer
+    /// status with older progress or the other way round.
+    pub(crate) fn moved_on(&self, progress: &Progress) -> Option<Self> {
+        let same = self.rare.is_none() && self.plain == progress.plain && self.event.is_none();
+        (same && progress.steps > self.steps).then(|| Self {
+            state: progress.state,
+            steps: progress.steps,
+            updated: progress.updated,
+            ..self.clone()
+        })
     }
 
     /// The [`ProcedureInfo`] it was packed from.
@@ -344,6 +396,95 @@ mod tests {
 
     fn now() -> SystemTime {
         SystemTime::now()
+    }
+
+    /// A snapshot as the executor makes one: `status`, `steps` steps, updated at
+    /// `updated_ms`.
+    fn snapshot(status: Status, steps: u64, updated_ms: u64) -> Snapshot {
+        Snapshot {
+            id: ProcedureId::new(7),
+            parent: None,
+            machine: "m",
+            status,
+            state: "S",
+            steps,
+            error: None,
+            submitted_ms: 1_000,
+            updated_ms,
+        }
+    }
+
+    fn progress(status: Status, state: &'static str, steps: u64) -> Progress {
+        Progress::of(&Snapshot {
+            state,
+            ..snapshot(status, steps, 2_000 + steps)
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn progress_moves_a_snapshot_of_the_same_status_on() {
+        let published = PackedInfo::of(snapshot(Status::Runnable, 2, 1_500));
+        let moved = published
+            .moved_on(&progress(Status::Runnable, "T", 5))
+            .unwrap();
+        assert_eq!(
+            moved,
+            PackedInfo::of(Snapshot {
+                state: "T",
+                ..snapshot(Status::Runnable, 5, 2_005)
+            })
+        );
+        let rolling = PackedInfo::of(snapshot(Status::RollingBack, 2, 1_500));
+        assert!(
+            rolling
+                .moved_on(&progress(Status::RollingBack, "T", 3))
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn progress_never_mixes_statuses_nor_goes_back() {
+        let published = PackedInfo::of(snapshot(Status::Runnable, 5, 1_500));
+        // Older or as old: the snapshot published since is newer.
+        assert_eq!(
+            published.moved_on(&progress(Status::Runnable, "T", 5)),
+            None
+        );
+        assert_eq!(
+            published.moved_on(&progress(Status::Runnable, "T", 4)),
+            None
+        );
+        // Kept under another status than the one published: the publication is newer.
+        assert_eq!(
+            published.moved_on(&progress(Status::RollingBack, "T", 9)),
+            None
+        );
+        let suspended = PackedInfo::of(snapshot(Status::Suspended { event: "e".into() }, 5, 1_500));
+        assert_eq!(
+            suspended.moved_on(&progress(Status::Runnable, "T", 9)),
+            None
+        );
+        let failing = PackedInfo::of(Snapshot {
+            error: Some(Error::retryable("busy")),
+            ..snapshot(Status::Runnable, 5, 1_500)
+        });
+        assert_eq!(failing.moved_on(&progress(Status::Runnable, "T", 9)), None);
+    }
+
+    #[test]
+    fn only_plain_snapshots_are_kept_as_progress() {
+        assert!(Progress::of(&snapshot(Status::Runnable, 1, 2_000)).is_some());
+        let suspended = snapshot(Status::Suspended { event: "e".into() }, 1, 2_000);
+        assert!(Progress::of(&suspended).is_none());
+        assert!(Progress::of(&snapshot(Status::Succeeded, 1, 2_000)).is_none());
+        let with_error = Snapshot {
+            error: Some(Error::retryable("busy")),
+            ..snapshot(Status::Runnable, 1, 2_000)
+        };
+        assert!(Progress::of(&with_error).is_none());
+        // A time that does not fit nanoseconds would be kept apart by the snapshot.
+        assert!(Progress::of(&snapshot(Status::Runnable, 1, 0)).is_none());
     }
 
     #[test]

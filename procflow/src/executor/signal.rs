@@ -12,10 +12,25 @@
 //!
 //! The flag is never lowered: a procedure asked once looks under the lock from then on,
 //! as every procedure did before. It is rolling back, or ending, by then.
+//!
+//! The signal also holds the procedure's [`Progress`]: what a step that leaves the
+//! status as it was changes in its snapshot. Such a step used to publish its whole
+//! snapshot to its table entry, at the end of its lane's poll: the table's lock, a
+//! lookup in a map of every procedure, and the entry's lines, all cold at 1,024
+//! procedures in flight, for a snapshot in which only the state, the step count and the
+//! time had changed. On the durable WAL at 1,024 clients that publication cost 5–14 % of
+//! the steps (docs/BENCHMARKS.md, stop 63). The task now writes those three here, in a
+//! block it reads at every turn anyway; readers of the entry apply them
+//! ([`Entry::snapshot`](super::inner::Entry::snapshot)). A step publishes whole as
+//! before when its status changes, when someone subscribed to the procedure (the
+//! channel is told every change), or while the admin's journal notes changes.
 
 use std::ops::Deref;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::Notify;
+
+use super::packed::Progress;
 
 /// See the [module docs](self).
 #[derive(Debug, Default)]
@@ -24,15 +39,48 @@ pub(crate) struct Signal {
     /// An abort or a bypass was asked since the signal was made (or before, if the
     /// entry held one then).
     asked_to_stop: AtomicBool,
+    /// Someone subscribed to the procedure's snapshots: every step publishes whole.
+    /// Raised under the table's lock when the channel is made, lowered when it is
+    /// dropped.
+    watched: AtomicBool,
+    /// The progress of its last steps since its last whole publication, if any.
+    progress: Mutex<Option<Progress>>,
 }
 
 impl Signal {
-    /// A signal whose flag starts up if `asked_to_stop`.
-    pub(crate) fn new(asked_to_stop: bool) -> Self {
+    /// A signal whose flag starts up if `asked_to_stop`, watched if `watched`.
+    pub(crate) fn new(asked_to_stop: bool, watched: bool) -> Self {
         Signal {
             wake: Notify::new(),
             asked_to_stop: AtomicBool::new(asked_to_stop),
+            watched: AtomicBool::new(watched),
+            progress: Mutex::new(None),
         }
+    }
+
+    /// Marks the procedure as subscribed to, or not any more.
+    pub(crate) fn set_watched(&self, watched: bool) {
+        self.watched.store(watched, Ordering::Release);
+    }
+
+    /// Whether someone subscribed to the procedure's snapshots.
+    pub(crate) fn is_watched(&self) -> bool {
+        self.watched.load(Ordering::Acquire)
+    }
+
+    /// Keeps `progress` (`None`: forgets it, as a whole publication does).
+    pub(crate) fn keep_progress(&self, progress: Option<Progress>) {
+        *self.lock_progress() = progress;
+    }
+
+    /// The progress kept, if any.
+    pub(crate) fn progress(&self) -> Option<Progress> {
+        *self.lock_progress()
+    }
+
+    fn lock_progress(&self) -> std::sync::MutexGuard<'_, Option<Progress>> {
+        // Nothing panics while it is locked; tolerate poisoning anyway.
+        self.progress.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Raises the flag. Called under the table's lock, after the request is in the

@@ -182,7 +182,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
             let mut info = |id: &u64| {
                 let entry = table.procs.get_mut(id)?;
                 entry.noted = false;
-                Some(entry.info.borrow().clone())
+                Some(entry.snapshot().into_owned())
             };
             all.extend(chunk.iter().map(|id| (*id, info(id))));
         }
@@ -206,7 +206,7 @@ impl<E: Send + Sync + 'static> Executor<E> {
     ) {
         let id = record.id.get();
         let info = match self.inner.table().procs.get(&id) {
-            Some(entry) => entry.info.borrow().unpack(),
+            Some(entry) => entry.snapshot().unpack(),
             None => return,
         };
         if let Status::Stuck {

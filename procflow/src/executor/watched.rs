@@ -34,7 +34,8 @@ pub(crate) fn changes() -> u64 {
     CHANGES.load(Ordering::Acquire)
 }
 
-fn changed() {
+/// Counts one change of a snapshot (see [`CHANGES`]; nothing without the `admin` feature).
+pub(crate) fn changed() {
     #[cfg(feature = "admin")]
     CHANGES.fetch_add(1, Ordering::Release);
 }

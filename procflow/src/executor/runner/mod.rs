@@ -17,7 +17,7 @@ use super::erased::{DynProcedure, DynProgress};
 use super::error::ExecutorError;
 use super::hooks::WriteKind;
 use super::inner::{Entry, Inner, Settled, Table};
-use super::packed::{PackedInfo, Snapshot};
+use super::packed::{PackedInfo, Progress, Snapshot};
 use super::permits::Permit;
 use super::signal::Signal;
 use super::status::{Status, status_of};
@@ -29,8 +29,10 @@ use crate::{Context, Error, Phase, ProcedureId};
 use dormant::Reload;
 use futures_util::FutureExt;
 use procflow_store::{Batch, Bytes};
+use std::cell::Cell;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
 use tracing::Instrument;
 
@@ -225,6 +227,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             lock_ticket: None,
             step_seconds: metrics::histogram!("procflow_step_seconds", "machine" => machine),
             noted_ms: None,
+            published: Cell::new(None),
         }
     }
 }
@@ -415,6 +418,10 @@ struct Runner<E> {
     /// When [`note`](Self::note) last read the clock, for the next write's time: one
     /// clock read a step instead of two.
     noted_ms: Option<u64>,
+    /// The progress of its last whole publication, if it was plain enough for the steps
+    /// after it to be kept as progress ([`publish_step`](Self::publish_step)); `None`
+    /// once something else published.
+    published: Cell<Option<Progress>>,
     /// A newer build wrote its record (see [`Launch::newer`]): it is stuck, and this build
     /// writes nothing of it.
     newer: Option<Box<str>>,
@@ -814,6 +821,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
         // The slot is free before anyone can see the end: a caller woken by `wait` may
         // submit at once.
         self.leave_admission();
+        self.published_elsewhere();
         let mut table = self.inner.table();
         if let Some(entry) = table.procs.get_mut(&self.id) {
             entry.finished_ms = self.envelope.finished_ms;
@@ -833,7 +841,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// Stores the procedure's record and publishes its new status.
     async fn persist(&mut self, kind: WriteKind) -> Result<(), Exit> {
         self.store(kind).await?;
-        self.publish();
+        self.publish_step();
         Ok(())
     }
 
@@ -963,8 +971,43 @@ impl<E: Send + Sync + 'static> Runner<E> {
         info
     }
 
+    /// Publishes the procedure's snapshot whole to its table entry.
     fn publish(&self) {
-        self.inner.publish(PackedInfo::of(self.info()));
+        self.publish_whole(self.info());
+    }
+
+    fn publish_whole(&self, info: Snapshot) {
+        self.published.set(Progress::of(&info));
+        self.wake.keep_progress(None);
+        self.inner.publish(PackedInfo::of(info));
+    }
+
+    /// Publishes a step's snapshot: as progress, kept in the signal, if only the state,
+    /// the step count and the time changed since the last whole publication and no one
+    /// needs to be told of each change (`signal.rs` says why); whole otherwise.
+    fn publish_step(&self) {
+        let info = self.info();
+        let progress = Progress::of(&info).filter(|progress| {
+            self.published
+                .get()
+                .is_some_and(|base| base.same_status(progress))
+                && !self.wake.is_watched()
+                && !self.inner.journal_on.load(Ordering::Acquire)
+        });
+        match progress {
+            Some(progress) => {
+                self.wake.keep_progress(Some(progress));
+                super::watched::changed();
+            }
+            None => self.publish_whole(info),
+        }
+    }
+
+    /// Another path published the snapshot whole (or ended the procedure): the next step
+    /// publishes whole too.
+    fn published_elsewhere(&self) {
+        self.published.set(None);
+        self.wake.keep_progress(None);
     }
 }
 

@@ -10,7 +10,7 @@ use super::{Exit, Runner, dormant};
 use crate::executor::erased::DynProcedure;
 use crate::executor::hooks::WriteKind;
 use crate::executor::inner::{Asked, Inner, Settled};
-use crate::executor::packed::{PackedInfo, Snapshot};
+use crate::executor::packed::Snapshot;
 use crate::executor::status::Status;
 use crate::stored::history::{StepKind, StepOutcome};
 use crate::stored::record::{Envelope, Wait, now_ms};
@@ -212,10 +212,10 @@ impl<E: Send + Sync + 'static> Runner<E> {
             }
             Some(ticket) => {
                 self.lock_ticket = Some(ticket);
-                self.inner.publish(PackedInfo::of(Snapshot {
+                self.publish_whole(Snapshot {
                     status: Status::WaitingForLock,
                     ..self.info()
-                }));
+                });
                 self.park_until(self.deadline_ms());
                 Ok(false)
             }

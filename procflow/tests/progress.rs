@@ -1,0 +1,256 @@
+//! A running procedure's snapshot stays current although its plain steps are not
+//! published to its table entry: `state`, `list` and a subscriber made at any time see
+//! the step the procedure stored last, and a subscriber is told of every step
+//! (`signal.rs` in the executor says why the steps are kept beside the task).
+//!
+//! Each test walks a procedure through gated steps: a step's handler waits until the
+//! test opens its gate, so that the test reads the snapshot while the procedure sits in
+//! a known state, its previous step stored.
+
+mod common;
+
+use common::Bounded;
+use procflow::ProcedureId;
+use procflow::executor::{Executor, ProcedureInfo, Status};
+use procflow::prelude::*;
+use procflow::store::MemStore;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use tokio::sync::watch;
+
+/// How many steps the handlers may take so far.
+#[derive(Clone)]
+struct Gate(Arc<watch::Sender<u64>>);
+
+impl Gate {
+    fn new() -> Self {
+        Gate(Arc::new(watch::Sender::new(0)))
+    }
+
+    /// Lets the procedure take one more step.
+    fn open_one(&self) {
+        self.0.send_modify(|opened| *opened += 1);
+    }
+
+    /// Waits until `step` (1-based) may run.
+    async fn pass(&self, step: u64) {
+        let mut opened = self.0.subscribe();
+        opened
+            .wait_for(|opened| *opened >= step)
+            .await
+            .expect("the gate outlives the procedure");
+    }
+}
+
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Walk, env = Gate)]
+enum WalkState {
+    #[initial]
+    #[transition(to = [Second])]
+    First,
+    #[transition(to = [Third])]
+    Second,
+    #[transition(to = [Fourth])]
+    Third,
+    #[transition(to = [Fifth])]
+    Fourth,
+    #[transition(to = [Done])]
+    Fifth,
+    #[terminal]
+    Done,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Walk;
+
+impl WalkStateHandlers for Walk {
+    async fn first(&mut self, ctx: &Context<Gate>) -> Step<walk_state::First> {
+        ctx.env().pass(1).await;
+        Ok(walk_state::First::Second.into())
+    }
+    async fn second(&mut self, ctx: &Context<Gate>) -> Step<walk_state::Second> {
+        ctx.env().pass(2).await;
+        Ok(walk_state::Second::Third.into())
+    }
+    async fn third(&mut self, ctx: &Context<Gate>) -> Step<walk_state::Third> {
+        ctx.env().pass(3).await;
+        Ok(walk_state::Third::Fourth.into())
+    }
+    async fn fourth(&mut self, ctx: &Context<Gate>) -> Step<walk_state::Fourth> {
+        ctx.env().pass(4).await;
+        Ok(walk_state::Fourth::Fifth.into())
+    }
+    async fn fifth(&mut self, ctx: &Context<Gate>) -> Step<walk_state::Fifth> {
+        ctx.env().pass(5).await;
+        Ok(walk_state::Fifth::Done.into())
+    }
+}
+
+async fn start(gate: &Gate) -> Executor<Gate> {
+    Executor::builder(Arc::new(MemStore::new()), gate.clone())
+        .register::<WalkState>()
+        .config(common::test_config())
+        .start()
+        .await
+        .unwrap()
+}
+
+/// The state a walk waits in once `steps` steps are stored.
+fn state_after(steps: u64) -> &'static str {
+    ["First", "Second", "Third", "Fourth", "Fifth", "Done"][steps as usize]
+}
+
+/// How long a step may take to show: far longer than a step of these tests takes.
+const SHOWN_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Waits until `state` shows `steps` steps stored, and returns that snapshot.
+async fn stored(executor: &Executor<Gate>, id: ProcedureId, steps: u64) -> ProcedureInfo {
+    let deadline = tokio::time::Instant::now() + SHOWN_WITHIN;
+    loop {
+        let info = executor.state(id).expect("the procedure is known");
+        if info.steps >= steps {
+            return info;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the snapshot stayed at {} steps, wanted {steps}: {info:?}",
+            info.steps
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_and_list_show_each_stored_step_without_a_subscriber() {
+    let gate = Gate::new();
+    let executor = start(&gate).await;
+    let id = executor.submit(Walk).await.unwrap();
+    for steps in 1..=4 {
+        gate.open_one();
+        let info = stored(&executor, id, steps).await;
+        assert_eq!(info.steps, steps, "{info:?}");
+        assert_eq!(info.state, state_after(steps));
+        assert_eq!(info.status, Status::Runnable);
+        assert!(info.updated >= info.submitted);
+        let listed = executor.list().into_iter().find(|i| i.id == id).unwrap();
+        assert_eq!(listed, info);
+    }
+    gate.open_one();
+    executor.wait(id).bounded().await.unwrap();
+    let info = executor.state(id).unwrap();
+    assert_eq!(
+        (info.status, info.state, info.steps),
+        (Status::Succeeded, "Done", 5)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_made_between_steps_starts_from_the_last_stored_one() {
+    let gate = Gate::new();
+    let executor = start(&gate).await;
+    let id = executor.submit(Walk).await.unwrap();
+    for _ in 0..3 {
+        gate.open_one();
+    }
+    stored(&executor, id, 3).await;
+    let mut info = executor.subscribe(id).unwrap();
+    let first = info.borrow_and_update().clone();
+    assert_eq!((first.steps, first.state), (3, state_after(3)));
+    // From now on every step reaches the subscriber.
+    for steps in 4..=5 {
+        gate.open_one();
+        let seen = info
+            .wait_for(|i| i.steps >= steps)
+            .bounded()
+            .await
+            .unwrap()
+            .clone();
+        assert_eq!((seen.steps, seen.state), (steps, state_after(steps)));
+    }
+    let last = info
+        .wait_for(|i| i.status == Status::Succeeded)
+        .bounded()
+        .await
+        .unwrap()
+        .clone();
+    assert_eq!(last.steps, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_from_the_start_is_told_of_every_step() {
+    let gate = Gate::new();
+    let executor = start(&gate).await;
+    let id = executor.submit(Walk).await.unwrap();
+    let mut info = executor.subscribe(id).unwrap();
+    for steps in 1..=4 {
+        gate.open_one();
+        // Told without anyone reading `state`: the step published to the channel.
+        let seen = info
+            .wait_for(|i| i.steps >= steps)
+            .bounded()
+            .await
+            .unwrap()
+            .clone();
+        assert_eq!((seen.steps, seen.state), (steps, state_after(steps)));
+    }
+    gate.open_one();
+    executor.wait(id).bounded().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_after_the_subscriber_left_still_show() {
+    let gate = Gate::new();
+    let executor = start(&gate).await;
+    let id = executor.submit(Walk).await.unwrap();
+    let mut info = executor.subscribe(id).unwrap();
+    gate.open_one();
+    info.wait_for(|i| i.steps >= 1).bounded().await.unwrap();
+    drop(info);
+    for steps in 2..=4 {
+        gate.open_one();
+        let info = stored(&executor, id, steps).await;
+        assert_eq!((info.steps, info.state), (steps, state_after(steps)));
+    }
+    gate.open_one();
+    executor.wait(id).bounded().await.unwrap();
+}
+
+/// Once the admin's list reads changes (its first list took the table whole), every step
+/// is published whole, so that the list is told of it.
+#[cfg(feature = "admin")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admins_list_is_told_of_each_step_once_it_reads_changes() {
+    let gate = Gate::new();
+    let executor = start(&gate).await;
+    let id = executor.submit(Walk).await.unwrap();
+    let server = procflow::admin::Admin::new(executor.clone())
+        .bind("127.0.0.1:0".parse().unwrap())
+        .serve()
+        .await
+        .unwrap();
+    let url = format!(
+        "http://{}/api/summaries?limit=10&fresh=true",
+        server.local_addr()
+    );
+    let row = |url: String| async move {
+        let list = tokio::task::spawn_blocking(move || {
+            let mut response = ureq::get(&url).call().unwrap();
+            response.body_mut().read_to_string().unwrap()
+        })
+        .await
+        .unwrap();
+        let list: serde_json::Value = serde_json::from_str(&list).unwrap();
+        list["rows"][0].clone()
+    };
+    assert_eq!(row(url.clone()).await["steps"], 0); // The first list: the whole table.
+    for steps in 1..=4 {
+        gate.open_one();
+        stored(&executor, id, steps).await;
+        let shown = row(url.clone()).await;
+        assert_eq!(shown["steps"], steps, "{shown}");
+        assert_eq!(shown["state"], state_after(steps), "{shown}");
+    }
+    gate.open_one();
+    executor.wait(id).bounded().await.unwrap();
+    server.shutdown().bounded().await.unwrap();
+}
