@@ -58,7 +58,10 @@
 //! running at once; `-- --retention-ms MS` with finished procedures kept MS ms (default
 //! 15 minutes). The hand loops on a store (`hand`, `hand-wal`) take `-- --pad BYTES`
 //! (bytes added to every value) and `-- --keep-finished` (records finished, not deleted),
-//! to write as the executor does (`compare/hand_store.rs`).
+//! to write as the executor does (`compare/hand_store.rs`). `-- --touch LINES` makes every
+//! step of the ten-step machine (the executor's and the hand loops') walk LINES cache
+//! lines of the procedure's own memory as a chain, to measure what a line a step finds
+//! cold costs (`compare/machine.rs`).
 //! `cargo bench --bench compare --features alloc-sim -- --cell KIND:N` also prints, per
 //! allocation size, how often glibc's per-thread cache of seven blocks would miss
 //! (`compare/alloc_sim.rs`; a measuring build, not for its rates).

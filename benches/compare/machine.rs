@@ -42,12 +42,22 @@ pub enum TenSteps {
 #[derive(Serialize, Deserialize)]
 pub struct Payload {
     pub data: Vec<u8>,
+    /// `--touch LINES`: cache lines of memory of its own that every step reads and
+    /// writes, one after the other as a chain (each line holds the next one's index), so
+    /// that neither the prefetcher nor overlapping loads hide a line that is cold. Not
+    /// stored. Empty without the flag.
+    #[serde(skip)]
+    touched: Vec<u64>,
 }
+
+/// Words in a cache line.
+const LINE_WORDS: usize = 8;
 
 impl Payload {
     pub fn new(seed: u64) -> Self {
         Self {
             data: seed.to_le_bytes().repeat(STATE_BYTES / 8),
+            touched: chain(touch_lines()),
         }
     }
 
@@ -55,7 +65,39 @@ impl Payload {
     fn work(&mut self, step: usize) {
         let byte = &mut self.data[step % STATE_BYTES];
         *byte = byte.wrapping_mul(31).wrapping_add(step as u8);
+        let mut at = 0;
+        for _ in 0..self.touched.len() / LINE_WORDS {
+            let line = &mut self.touched[at * LINE_WORDS..][..LINE_WORDS];
+            line[1] = line[1].wrapping_add(step as u64);
+            at = line[0] as usize;
+        }
     }
+}
+
+/// `--touch LINES`, read once.
+fn touch_lines() -> usize {
+    static LINES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LINES.get_or_init(|| crate::flag_value("--touch", "--touch LINES").unwrap_or(0))
+}
+
+/// `lines` cache lines whose first words link them in one cycle, five or more lines apart
+/// (a stride prime to `lines`), so that the walk visits each line once and never goes
+/// to the next line in memory.
+fn chain(lines: usize) -> Vec<u64> {
+    if lines == 0 {
+        return Vec::new();
+    }
+    let prime_to_lines = |stride: &usize| {
+        (2..=*stride).all(|d| !(stride.is_multiple_of(d) && lines.is_multiple_of(d)))
+    };
+    let stride = (5..)
+        .find(prime_to_lines)
+        .expect("some stride is prime to any count");
+    let mut words = vec![0; lines * LINE_WORDS];
+    for line in 0..lines {
+        words[line * LINE_WORDS] = ((line + stride) % lines) as u64;
+    }
+    words
 }
 
 /// One handler per state: `$method` moves `$state` to `$next`.
