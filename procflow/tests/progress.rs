@@ -254,3 +254,95 @@ async fn the_admins_list_is_told_of_each_step_once_it_reads_changes() {
     executor.wait(id).bounded().await.unwrap();
     server.shutdown().bounded().await.unwrap();
 }
+
+/// `Work` → `More` → `Fail`, which fails; then `More` and `Work` are undone, each undo
+/// behind a gate of its own (gates 3 and 4: the first two let `Work` and `More` run).
+#[derive(StateMachine, Clone, Copy, Debug, PartialEq, Eq)]
+#[state_machine(procedure = Undo, env = Gate)]
+enum UndoState {
+    #[initial]
+    #[transition(to = [More])]
+    #[rollback]
+    Work,
+    #[transition(to = [Fail])]
+    #[rollback]
+    More,
+    #[transition(to = [Done])]
+    Fail,
+    #[terminal]
+    Done,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Undo;
+
+impl UndoStateHandlers for Undo {
+    async fn work(&mut self, ctx: &Context<Gate>) -> Step<undo_state::Work> {
+        ctx.env().pass(1).await;
+        Ok(undo_state::Work::More.into())
+    }
+    async fn more(&mut self, ctx: &Context<Gate>) -> Step<undo_state::More> {
+        ctx.env().pass(2).await;
+        Ok(undo_state::More::Fail.into())
+    }
+    async fn fail(&mut self, _: &Context<Gate>) -> Step<undo_state::Fail> {
+        Err(Error::fatal("no"))
+    }
+    async fn rollback_more(&mut self, ctx: &Context<Gate>) -> Result<(), Error> {
+        ctx.env().pass(3).await;
+        Ok(())
+    }
+    async fn rollback_work(&mut self, ctx: &Context<Gate>) -> Result<(), Error> {
+        ctx.env().pass(4).await;
+        Ok(())
+    }
+}
+
+/// A rollback's undo steps show as they are stored, with the status and the cause they
+/// have (a snapshot with an error is published whole), never under the status before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollbacks_steps_show_with_its_status() {
+    let gate = Gate::new();
+    let executor = Executor::builder(Arc::new(MemStore::new()), gate.clone())
+        .register::<UndoState>()
+        .config(common::test_config())
+        .start()
+        .await
+        .unwrap();
+    let id = executor.submit(Undo).await.unwrap();
+    gate.open_one();
+    gate.open_one();
+    // `Work` and `More` done; `Fail` failed; the undo of `More` waits at gate 3.
+    let deadline = tokio::time::Instant::now() + SHOWN_WITHIN;
+    let rolling = loop {
+        let info = executor.state(id).unwrap();
+        if info.status == Status::RollingBack {
+            break info;
+        }
+        assert!(
+            info.status == Status::Runnable && info.steps <= 2,
+            "before its rollback: {info:?}"
+        );
+        assert!(tokio::time::Instant::now() < deadline, "{info:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    };
+    assert_eq!(rolling.error, Some(Error::fatal("no")));
+    gate.open_one();
+    let info = stored(&executor, id, rolling.steps + 1).await;
+    assert_eq!(info.steps, rolling.steps + 1, "{info:?}");
+    assert_eq!(
+        (&info.status, &info.error),
+        (&Status::RollingBack, &rolling.error)
+    );
+    gate.open_one();
+    let outcome = executor.wait(id).bounded().await.unwrap();
+    assert_eq!(
+        outcome,
+        procflow::executor::Outcome::RolledBack(Error::fatal("no"))
+    );
+    let info = executor.state(id).unwrap();
+    assert_eq!(
+        (info.status, info.steps),
+        (Status::RolledBack, rolling.steps + 2)
+    );
+}

@@ -121,13 +121,12 @@ fn nanos_of_ms(ms: u64) -> Option<u64> {
     ms.checked_mul(1_000_000).filter(|&n| n != 0)
 }
 
-/// What a step that leaves its procedure's status as it was changes in its snapshot:
-/// the state, the step count and the update time. Kept in the procedure's
-/// [`Signal`](super::signal::Signal), not published to its table entry: see
-/// `signal.rs` for why, and [`PackedInfo::moved_on`] for how readers apply it.
+/// What a forward step changes in a running procedure's snapshot: the state, the step
+/// count and the update time. Kept in the procedure's [`Signal`](super::signal::Signal),
+/// not published to its table entry: see `signal.rs` for why, and
+/// [`PackedInfo::moved_on`] for how readers apply it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Progress {
-    plain: Plain,
     state: &'static str,
     steps: u64,
     /// Nanoseconds since the epoch, as [`PackedInfo`]'s.
@@ -135,28 +134,18 @@ pub(crate) struct Progress {
 }
 
 impl Progress {
-    /// `snapshot`'s progress, if a snapshot this plain can be kept as one: running or
-    /// rolling back, without an error, its update time in nanoseconds. `None` for
-    /// anything else, which is published whole.
+    /// `snapshot`'s progress, if a snapshot this plain can be kept as one: running
+    /// (`Runnable`), without an error, its times in nanoseconds. `None` for anything
+    /// else, which is published whole. (A rollback's snapshots carry its cause: they are
+    /// always published whole.)
     pub(crate) fn of(snapshot: &Snapshot) -> Option<Self> {
-        let plain = match snapshot.status {
-            Status::Runnable => Plain::Runnable,
-            Status::RollingBack => Plain::RollingBack,
-            _ => return None,
-        };
-        let fits = snapshot.error.is_none() && nanos_of_ms(snapshot.submitted_ms).is_some();
+        let plain = matches!(snapshot.status, Status::Runnable) && snapshot.error.is_none();
+        let fits = nanos_of_ms(snapshot.submitted_ms).is_some();
         Some(Self {
-            plain,
             state: snapshot.state,
             steps: snapshot.steps,
-            updated: nanos_of_ms(snapshot.updated_ms).filter(|_| fits)?,
+            updated: nanos_of_ms(snapshot.updated_ms).filter(|_| plain && fits)?,
         })
-    }
-
-    /// Whether it keeps the status of `other` (a step may be kept as progress only on
-    /// top of a snapshot of the same status).
-    pub(crate) fn same_status(&self, other: &Self) -> bool {
-        self.plain == other.plain
     }
 }
 
@@ -272,12 +261,13 @@ impl PackedInfo {
         }
     }
 
-    /// This snapshot moved on by `progress`: `None` unless `progress` is further on (more
-    /// steps) and has the same plain status, so that applying it never mixes a newer
-    /// status with older progress or the other way round.
+    /// This snapshot moved on by `progress`: `None` unless this one is of a running
+    /// procedure without an error (as every kept progress is) and `progress` is further
+    /// on (more steps), so that applying it never mixes a newer status with older
+    /// progress or the other way round.
     pub(crate) fn moved_on(&self, progress: &Progress) -> Option<Self> {
-        let same = self.rare.is_none() && self.plain == progress.plain && self.event.is_none();
-        (same && progress.steps > self.steps).then(|| Self {
+        let running = self.rare.is_none() && self.plain == Plain::Runnable;
+        (running && progress.steps > self.steps).then(|| Self {
             state: progress.state,
             steps: progress.steps,
             updated: progress.updated,
@@ -423,7 +413,7 @@ mod tests {
     }
 
     #[test]
-    fn progress_moves_a_snapshot_of_the_same_status_on() {
+    fn progress_moves_a_running_snapshot_on() {
         let published = PackedInfo::of(snapshot(Status::Runnable, 2, 1_500));
         let moved = published
             .moved_on(&progress(Status::Runnable, "T", 5))
@@ -434,12 +424,6 @@ mod tests {
                 state: "T",
                 ..snapshot(Status::Runnable, 5, 2_005)
             })
-        );
-        let rolling = PackedInfo::of(snapshot(Status::RollingBack, 2, 1_500));
-        assert!(
-            rolling
-                .moved_on(&progress(Status::RollingBack, "T", 3))
-                .is_some()
         );
     }
 
@@ -455,11 +439,9 @@ mod tests {
             published.moved_on(&progress(Status::Runnable, "T", 4)),
             None
         );
-        // Kept under another status than the one published: the publication is newer.
-        assert_eq!(
-            published.moved_on(&progress(Status::RollingBack, "T", 9)),
-            None
-        );
+        // Published under another status since: the publication is newer.
+        let rolling = PackedInfo::of(snapshot(Status::RollingBack, 5, 1_500));
+        assert_eq!(rolling.moved_on(&progress(Status::Runnable, "T", 9)), None);
         let suspended = PackedInfo::of(snapshot(Status::Suspended { event: "e".into() }, 5, 1_500));
         assert_eq!(
             suspended.moved_on(&progress(Status::Runnable, "T", 9)),
@@ -478,6 +460,7 @@ mod tests {
         let suspended = snapshot(Status::Suspended { event: "e".into() }, 1, 2_000);
         assert!(Progress::of(&suspended).is_none());
         assert!(Progress::of(&snapshot(Status::Succeeded, 1, 2_000)).is_none());
+        assert!(Progress::of(&snapshot(Status::RollingBack, 1, 2_000)).is_none());
         let with_error = Snapshot {
             error: Some(Error::retryable("busy")),
             ..snapshot(Status::Runnable, 1, 2_000)

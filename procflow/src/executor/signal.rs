@@ -13,8 +13,8 @@
 //! The flag is never lowered: a procedure asked once looks under the lock from then on,
 //! as every procedure did before. It is rolling back, or ending, by then.
 //!
-//! The signal also holds the procedure's [`Progress`]: what a step that leaves the
-//! status as it was changes in its snapshot. Such a step used to publish its whole
+//! The signal also holds the procedure's [`Progress`]: what a forward step of a running
+//! procedure changes in its snapshot. Such a step used to publish its whole
 //! snapshot to its table entry, at the end of its lane's poll: the table's lock, a
 //! lookup in a map of every procedure, and the entry's lines, all cold at 1,024
 //! procedures in flight, for a snapshot in which only the state, the step count and the
@@ -22,8 +22,9 @@
 //! the steps (docs/BENCHMARKS.md, stop 63). The task now writes those three here, in a
 //! block it reads at every turn anyway; readers of the entry apply them
 //! ([`Entry::snapshot`](super::inner::Entry::snapshot)). A step publishes whole as
-//! before when its status changes, when someone subscribed to the procedure (the
-//! channel is told every change), or while the admin's journal notes changes.
+//! before when its status changes, when it carries an error, when someone subscribed
+//! to the procedure (the channel is told every change), or while the admin's journal
+//! notes changes.
 
 use std::ops::Deref;
 use std::sync::Mutex;

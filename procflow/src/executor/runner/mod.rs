@@ -227,7 +227,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             lock_ticket: None,
             step_seconds: metrics::histogram!("procflow_step_seconds", "machine" => machine),
             noted_ms: None,
-            published: Cell::new(None),
+            published_running: Cell::new(false),
         }
     }
 }
@@ -418,10 +418,10 @@ struct Runner<E> {
     /// When [`note`](Self::note) last read the clock, for the next write's time: one
     /// clock read a step instead of two.
     noted_ms: Option<u64>,
-    /// The progress of its last whole publication, if it was plain enough for the steps
-    /// after it to be kept as progress ([`publish_step`](Self::publish_step)); `None`
-    /// once something else published.
-    published: Cell<Option<Progress>>,
+    /// Whether its last whole publication was of it running without an error, so that
+    /// the steps after it may be kept as progress ([`publish_step`](Self::publish_step));
+    /// `false` once something else published.
+    published_running: Cell<bool>,
     /// A newer build wrote its record (see [`Launch::newer`]): it is stuck, and this build
     /// writes nothing of it.
     newer: Option<Box<str>>,
@@ -977,20 +977,19 @@ impl<E: Send + Sync + 'static> Runner<E> {
     }
 
     fn publish_whole(&self, info: Snapshot) {
-        self.published.set(Progress::of(&info));
+        self.published_running.set(Progress::of(&info).is_some());
         self.wake.keep_progress(None);
         self.inner.publish(PackedInfo::of(info));
     }
 
-    /// Publishes a step's snapshot: as progress, kept in the signal, if only the state,
-    /// the step count and the time changed since the last whole publication and no one
-    /// needs to be told of each change (`signal.rs` says why); whole otherwise.
+    /// Publishes a step's snapshot: as progress, kept in the signal, if the procedure
+    /// runs without an error now and did at its last whole publication (so that only the
+    /// state, the step count and the time changed), and no one needs to be told of each
+    /// change (`signal.rs` says why); whole otherwise.
     fn publish_step(&self) {
         let info = self.info();
-        let progress = Progress::of(&info).filter(|progress| {
-            self.published
-                .get()
-                .is_some_and(|base| base.same_status(progress))
+        let progress = Progress::of(&info).filter(|_| {
+            self.published_running.get()
                 && !self.wake.is_watched()
                 && !self.inner.journal_on.load(Ordering::Acquire)
         });
@@ -1006,7 +1005,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// Another path published the snapshot whole (or ended the procedure): the next step
     /// publishes whole too.
     fn published_elsewhere(&self) {
-        self.published.set(None);
+        self.published_running.set(false);
         self.wake.keep_progress(None);
     }
 }
