@@ -63,32 +63,35 @@ enum WalkState {
 #[derive(Serialize, Deserialize)]
 struct Walk;
 
+/// A handler `$method` of state `$state` (in module `$states`) that waits for gate
+/// `$gate`, then moves on to `$next`.
+macro_rules! gated {
+    ($states:ident, $($method:ident: $state:ident => $next:ident, $gate:literal;)*) => {
+        $(
+            async fn $method(&mut self, ctx: &Context<Gate>) -> Step<$states::$state> {
+                ctx.env().pass($gate).await;
+                Ok($states::$state::$next.into())
+            }
+        )*
+    };
+}
+
 impl WalkStateHandlers for Walk {
-    async fn first(&mut self, ctx: &Context<Gate>) -> Step<walk_state::First> {
-        ctx.env().pass(1).await;
-        Ok(walk_state::First::Second.into())
-    }
-    async fn second(&mut self, ctx: &Context<Gate>) -> Step<walk_state::Second> {
-        ctx.env().pass(2).await;
-        Ok(walk_state::Second::Third.into())
-    }
-    async fn third(&mut self, ctx: &Context<Gate>) -> Step<walk_state::Third> {
-        ctx.env().pass(3).await;
-        Ok(walk_state::Third::Fourth.into())
-    }
-    async fn fourth(&mut self, ctx: &Context<Gate>) -> Step<walk_state::Fourth> {
-        ctx.env().pass(4).await;
-        Ok(walk_state::Fourth::Fifth.into())
-    }
-    async fn fifth(&mut self, ctx: &Context<Gate>) -> Step<walk_state::Fifth> {
-        ctx.env().pass(5).await;
-        Ok(walk_state::Fifth::Done.into())
+    gated! {
+        walk_state,
+        first: First => Second, 1;
+        second: Second => Third, 2;
+        third: Third => Fourth, 3;
+        fourth: Fourth => Fifth, 4;
+        fifth: Fifth => Done, 5;
     }
 }
 
+/// An executor on a `MemStore` running both machines.
 async fn start(gate: &Gate) -> Executor<Gate> {
     Executor::builder(Arc::new(MemStore::new()), gate.clone())
         .register::<WalkState>()
+        .register::<UndoState>()
         .config(common::test_config())
         .start()
         .await
@@ -118,6 +121,19 @@ async fn stored(executor: &Executor<Gate>, id: ProcedureId, steps: u64) -> Proce
         );
         tokio::time::sleep(std::time::Duration::from_millis(2)).await;
     }
+}
+
+/// Opens the gate of step `steps` and waits until `info`, a subscriber, is told of it:
+/// told without anyone reading `state`, so the step published to the channel.
+async fn told_of_step(gate: &Gate, info: &mut watch::Receiver<ProcedureInfo>, steps: u64) {
+    gate.open_one();
+    let seen = info
+        .wait_for(|i| i.steps >= steps)
+        .bounded()
+        .await
+        .unwrap()
+        .clone();
+    assert_eq!((seen.steps, seen.state), (steps, state_after(steps)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -158,14 +174,7 @@ async fn a_subscriber_made_between_steps_starts_from_the_last_stored_one() {
     assert_eq!((first.steps, first.state), (3, state_after(3)));
     // From now on every step reaches the subscriber.
     for steps in 4..=5 {
-        gate.open_one();
-        let seen = info
-            .wait_for(|i| i.steps >= steps)
-            .bounded()
-            .await
-            .unwrap()
-            .clone();
-        assert_eq!((seen.steps, seen.state), (steps, state_after(steps)));
+        told_of_step(&gate, &mut info, steps).await;
     }
     let last = info
         .wait_for(|i| i.status == Status::Succeeded)
@@ -183,15 +192,7 @@ async fn a_subscriber_from_the_start_is_told_of_every_step() {
     let id = executor.submit(Walk).await.unwrap();
     let mut info = executor.subscribe(id).unwrap();
     for steps in 1..=4 {
-        gate.open_one();
-        // Told without anyone reading `state`: the step published to the channel.
-        let seen = info
-            .wait_for(|i| i.steps >= steps)
-            .bounded()
-            .await
-            .unwrap()
-            .clone();
-        assert_eq!((seen.steps, seen.state), (steps, state_after(steps)));
+        told_of_step(&gate, &mut info, steps).await;
     }
     gate.open_one();
     executor.wait(id).bounded().await.unwrap();
@@ -277,13 +278,10 @@ enum UndoState {
 struct Undo;
 
 impl UndoStateHandlers for Undo {
-    async fn work(&mut self, ctx: &Context<Gate>) -> Step<undo_state::Work> {
-        ctx.env().pass(1).await;
-        Ok(undo_state::Work::More.into())
-    }
-    async fn more(&mut self, ctx: &Context<Gate>) -> Step<undo_state::More> {
-        ctx.env().pass(2).await;
-        Ok(undo_state::More::Fail.into())
+    gated! {
+        undo_state,
+        work: Work => More, 1;
+        more: More => Fail, 2;
     }
     async fn fail(&mut self, _: &Context<Gate>) -> Step<undo_state::Fail> {
         Err(Error::fatal("no"))
@@ -303,12 +301,7 @@ impl UndoStateHandlers for Undo {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollbacks_steps_show_with_its_status() {
     let gate = Gate::new();
-    let executor = Executor::builder(Arc::new(MemStore::new()), gate.clone())
-        .register::<UndoState>()
-        .config(common::test_config())
-        .start()
-        .await
-        .unwrap();
+    let executor = start(&gate).await;
     let id = executor.submit(Undo).await.unwrap();
     gate.open_one();
     gate.open_one();
