@@ -377,12 +377,14 @@ impl Entry {
         }
     }
 
-    /// Tells the task whether someone subscribed to the snapshots (a channel is kept).
-    fn mark_watched(&mut self) {
+    /// Tells the task whether someone subscribed to the snapshots (a channel is kept,
+    /// once one whose receivers are all gone is dropped); returns it.
+    fn mark_watched(&mut self) -> bool {
         let watched = self.info.drop_unwatched();
         if let Some(wake) = &self.wake {
             wake.set_watched(watched);
         }
+        watched
     }
 
     /// Whether the procedure was roused since its task last looked: takes the permit.
@@ -518,12 +520,8 @@ impl Table {
         self.watched.sort_unstable();
         self.watched.dedup();
         let procs = &mut self.procs;
-        self.watched.retain(|id| {
-            procs.get_mut(id).is_some_and(|entry| {
-                entry.mark_watched();
-                entry.info.drop_unwatched()
-            })
-        });
+        self.watched
+            .retain(|id| procs.get_mut(id).is_some_and(|entry| entry.mark_watched()));
     }
 
     /// Makes room for `additional` more procedures at once (a start loading every

@@ -11,6 +11,9 @@
 //! pays one branch per change. A journal nobody takes stops growing at
 //! [`Journal::note`]'s bound and asks the next list to take the table whole.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 /// See the [module docs](self).
 #[derive(Default)]
 pub(crate) struct Journal {
@@ -20,7 +23,7 @@ pub(crate) struct Journal {
     /// Whether `ids` is `Some`, readable without the table's lock: while ids are noted,
     /// every step publishes its snapshot whole, so that its id is noted (see
     /// `signal.rs`).
-    on: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    on: Arc<AtomicBool>,
 }
 
 /// Ids a journal holds, beyond twice its table's size, before it gives up (a small
@@ -58,13 +61,12 @@ impl Journal {
     }
 
     /// [`is_on`](Self::is_on), to read without the table's lock.
-    pub(crate) fn on_flag(&self) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
-        std::sync::Arc::clone(&self.on)
+    pub(crate) fn on_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.on)
     }
 
     fn set(&mut self, ids: Option<Vec<u64>>) {
-        self.on
-            .store(ids.is_some(), std::sync::atomic::Ordering::Release);
+        self.on.store(ids.is_some(), Ordering::Release);
         self.ids = ids;
     }
 

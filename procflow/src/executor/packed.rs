@@ -404,10 +404,11 @@ mod tests {
         }
     }
 
-    fn progress(status: Status, state: &'static str, steps: u64) -> Progress {
+    /// The progress of a running procedure's step to `state`, `steps` steps done.
+    fn progress(state: &'static str, steps: u64) -> Progress {
         Progress::of(&Snapshot {
             state,
-            ..snapshot(status, steps, 2_000 + steps)
+            ..snapshot(Status::Runnable, steps, 2_000 + steps)
         })
         .unwrap()
     }
@@ -415,9 +416,7 @@ mod tests {
     #[test]
     fn progress_moves_a_running_snapshot_on() {
         let published = PackedInfo::of(snapshot(Status::Runnable, 2, 1_500));
-        let moved = published
-            .moved_on(&progress(Status::Runnable, "T", 5))
-            .unwrap();
+        let moved = published.moved_on(&progress("T", 5)).unwrap();
         assert_eq!(
             moved,
             PackedInfo::of(Snapshot {
@@ -431,27 +430,18 @@ mod tests {
     fn progress_never_mixes_statuses_nor_goes_back() {
         let published = PackedInfo::of(snapshot(Status::Runnable, 5, 1_500));
         // Older or as old: the snapshot published since is newer.
-        assert_eq!(
-            published.moved_on(&progress(Status::Runnable, "T", 5)),
-            None
-        );
-        assert_eq!(
-            published.moved_on(&progress(Status::Runnable, "T", 4)),
-            None
-        );
+        assert_eq!(published.moved_on(&progress("T", 5)), None);
+        assert_eq!(published.moved_on(&progress("T", 4)), None);
         // Published under another status since: the publication is newer.
         let rolling = PackedInfo::of(snapshot(Status::RollingBack, 5, 1_500));
-        assert_eq!(rolling.moved_on(&progress(Status::Runnable, "T", 9)), None);
+        assert_eq!(rolling.moved_on(&progress("T", 9)), None);
         let suspended = PackedInfo::of(snapshot(Status::Suspended { event: "e".into() }, 5, 1_500));
-        assert_eq!(
-            suspended.moved_on(&progress(Status::Runnable, "T", 9)),
-            None
-        );
+        assert_eq!(suspended.moved_on(&progress("T", 9)), None);
         let failing = PackedInfo::of(Snapshot {
             error: Some(Error::retryable("busy")),
             ..snapshot(Status::Runnable, 5, 1_500)
         });
-        assert_eq!(failing.moved_on(&progress(Status::Runnable, "T", 9)), None);
+        assert_eq!(failing.moved_on(&progress("T", 9)), None);
     }
 
     #[test]
