@@ -406,15 +406,26 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
                 .0
         }
         "wal" | "nosync" | "mem" | "yield" | "answered" => runtime.block_on(async {
-            let store: Arc<dyn Store> = match kind {
-                "wal" => Arc::new(WalStore::open(&dir, WalConfig::default()).expect("open WAL")),
-                "nosync" => Arc::new(WalStore::open(&dir, no_sync()).expect("open WAL")),
-                "answered" => Arc::new(suspending::Suspending::answered()),
-                "yield" => Arc::new(suspending::Suspending::yielding()),
-                _ => Arc::new(MemStore::new()),
+            let wal = match kind {
+                "wal" => Some(WalStore::open(&dir, WalConfig::default()).expect("open WAL")),
+                "nosync" => Some(WalStore::open(&dir, no_sync()).expect("open WAL")),
+                _ => None,
+            }
+            .map(Arc::new);
+            let store: Arc<dyn Store> = match (&wal, kind) {
+                (Some(wal), _) => wal.clone(),
+                (None, "answered") => Arc::new(suspending::Suspending::answered()),
+                (None, "yield") => Arc::new(suspending::Suspending::yielding()),
+                (None, _) => Arc::new(MemStore::new()),
             };
             let (rate, executor) = executor_closed_loop(store, clients, plan.cell).await;
             executor.shutdown().await.expect("shutdown");
+            if let Some(wal) = wal {
+                // How large the groups were: what one `fdatasync` is shared by.
+                let stats = wal.stats();
+                let per_sync = stats.commits as f64 / stats.group_syncs.max(1) as f64;
+                println!("{cell}: {per_sync:.1} commits per sync");
+            }
             rate.steps_per_sec()
         }),
         "hand" => runtime.block_on(async {

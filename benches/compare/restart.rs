@@ -116,12 +116,15 @@ pub fn profile(runtime: &Runtime, dir: &Path, n: u64) {
         let _ = std::process::Command::new("sync").status();
     }
     for _ in 0..5 {
-        let (open, ready, live, rss) = load_in_child(dir, n, false);
+        let loaded = load_in_child(dir, n, false);
         println!(
-            "restart:{n}: open {:.3} s, ready {:.3} s, {live} live, RSS {:.1} MB",
-            open.as_secs_f64(),
-            ready.as_secs_f64(),
-            rss as f64 / 1e6
+            "restart:{n}: open {:.3} s, ready {:.3} s, {} live, RSS {:.1} MB, {} of {} segments left mapped",
+            loaded.open.as_secs_f64(),
+            loaded.ready.as_secs_f64(),
+            loaded.live,
+            loaded.rss as f64 / 1e6,
+            loaded.mapped,
+            segment_files(dir).len()
         );
     }
     print_check_cost(dir, n);
@@ -138,8 +141,8 @@ const CHECK_FLAG: &str = "--check-data";
 fn print_check_cost(dir: &Path, n: u64) {
     let (mut plain, mut checked) = (Vec::new(), Vec::new());
     for _ in 0..3 {
-        plain.push(load_in_child(dir, n, false).1);
-        checked.push(load_in_child(dir, n, true).1);
+        plain.push(load_in_child(dir, n, false).ready);
+        checked.push(load_in_child(dir, n, true).ready);
     }
     let median = |times: &mut Vec<Duration>| {
         times.sort();
@@ -174,18 +177,35 @@ pub fn child_main() -> bool {
         .build()
         .expect("tokio runtime");
     let check = args.iter().any(|arg| arg == CHECK_FLAG);
-    let (open, ready, live, rss) = load(&runtime, &dir, n, check);
+    let loaded = load(&runtime, &dir, n, check);
     println!(
-        "{CHILD_FLAG} {} {} {live} {rss}",
-        open.as_secs_f64(),
-        ready.as_secs_f64()
+        "{CHILD_FLAG} {} {} {} {} {}",
+        loaded.open.as_secs_f64(),
+        loaded.ready.as_secs_f64(),
+        loaded.live,
+        loaded.rss,
+        loaded.mapped
     );
     true
 }
 
+/// What one restart took and left.
+struct Loaded {
+    /// From the start to the store's open returning.
+    open: Duration,
+    /// From the start to the executor's start returning.
+    ready: Duration,
+    /// Unfinished procedures resumed.
+    live: usize,
+    /// The process's resident memory once ready, in bytes.
+    rss: u64,
+    /// Segments the open left mapped (`WalStats::mapped_segments`).
+    mapped: usize,
+}
+
 /// Runs [`load`] in a fresh process: this binary with `--restart-child` (and the start
 /// check if `check`).
-fn load_in_child(dir: &Path, n: u64, check: bool) -> (Duration, Duration, usize, u64) {
+fn load_in_child(dir: &Path, n: u64, check: bool) -> Loaded {
     let exe = std::env::current_exe().expect("the bench binary's path");
     let output = std::process::Command::new(exe)
         .arg(CHILD_FLAG)
@@ -204,12 +224,13 @@ fn load_in_child(dir: &Path, n: u64, check: bool) -> (Duration, Duration, usize,
         .expect("the restarting process's timings");
     let fields: Vec<&str> = line.split_whitespace().collect();
     let secs = |field: &str| Duration::from_secs_f64(field.parse().expect("seconds"));
-    (
-        secs(fields[0]),
-        secs(fields[1]),
-        fields[2].parse().expect("live procedures"),
-        fields[3].parse().expect("resident bytes"),
-    )
+    Loaded {
+        open: secs(fields[0]),
+        ready: secs(fields[1]),
+        live: fields[2].parse().expect("live procedures"),
+        rss: fields[3].parse().expect("resident bytes"),
+        mapped: fields[4].parse().expect("mapped segments"),
+    }
 }
 
 /// Reads the files, then loads the store in a fresh process, [`ROUNDS`] times; when
@@ -221,13 +242,14 @@ fn measure(dir: &Path, files: &[PathBuf], n: u64, cold: bool) -> Pass {
         cool();
         let read = read_all(files);
         cool();
-        let (open, ready, live, rss) = load_in_child(dir, n, false);
+        let loaded = load_in_child(dir, n, false);
         pass.read += read / ROUNDS;
-        pass.open += open / ROUNDS;
-        pass.ready += ready / ROUNDS;
-        pass.live = live;
-        pass.rss = pass.rss.max(rss);
-        pass.rounds.push(read.as_secs_f64() / ready.as_secs_f64());
+        pass.open += loaded.open / ROUNDS;
+        pass.ready += loaded.ready / ROUNDS;
+        pass.live = loaded.live;
+        pass.rss = pass.rss.max(loaded.rss);
+        pass.rounds
+            .push(read.as_secs_f64() / loaded.ready.as_secs_f64());
     }
     pass
 }
@@ -255,15 +277,13 @@ fn generate(runtime: &Runtime, dir: &Path, n: u64) {
 
 /// Opens the store as a restarting process would (default, durable configuration) and
 /// starts an executor on it, configured as the one that wrote the `n` procedures (so
-/// every parked one gets its running slot back). Returns the time to open the store, the
-/// time until the executor is ready (from the same start), and how many procedures it
-/// resumed, and the process's resident memory once ready.
-fn load(runtime: &Runtime, dir: &Path, n: u64, check: bool) -> (Duration, Duration, usize, u64) {
+/// every parked one gets its running slot back).
+fn load(runtime: &Runtime, dir: &Path, n: u64, check: bool) -> Loaded {
     runtime.block_on(async {
         let start = Instant::now();
         let store = Arc::new(WalStore::open(dir, WalConfig::default()).expect("reopen"));
         let open = start.elapsed();
-        let executor = Executor::builder(store, ())
+        let executor = Executor::builder(store.clone(), ())
             .register::<FiveUpdates>()
             .config(parked::config(n))
             .check_data(check)
@@ -272,6 +292,7 @@ fn load(runtime: &Runtime, dir: &Path, n: u64, check: bool) -> (Duration, Durati
             .expect("restart the executor");
         let ready = start.elapsed();
         let rss = resident_bytes();
+        let mapped = store.stats().mapped_segments;
         assert!(executor.unloadable().is_empty(), "every procedure loads");
         let live = executor
             .list()
@@ -281,7 +302,13 @@ fn load(runtime: &Runtime, dir: &Path, n: u64, check: bool) -> (Duration, Durati
         // Parked procedures wait for an event nobody sends: shutting down stops them
         // without another step or write.
         executor.shutdown().await.expect("shutdown");
-        (open, ready, live, rss)
+        Loaded {
+            open,
+            ready,
+            live,
+            rss,
+            mapped,
+        }
     })
 }
 

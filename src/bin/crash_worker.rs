@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! crash_worker --dir DIR [--procedures 200] [--steps 20] [--step-ms 10] [--non-idempotent]
+//!              [--segment-kib 65536] [--pad 0]
 //! ```
 //!
 //! Runs `--procedures` procedures of `--steps` steps on a durable `WalStore` in
@@ -10,8 +11,11 @@
 //! already last in the file (it ran before a crash, its result was not persisted) does not
 //! append it again. `--non-idempotent` appends unconditionally, which a crash turns into a
 //! duplicate line: the test must catch that. Submits carry a nonce, so a restarted worker
-//! picks up the same procedures. Prints `done N succeeded M` and exits 0 once all ended;
-//! exits 1 on any error.
+//! picks up the same procedures. `--segment-kib` sets the WAL's segment size and `--pad`
+//! adds that many bytes to every procedure's state: small segments of large values make
+//! segments the open keeps mapped (`WalConfig::map_segments`), and compactions of them.
+//! Prints `open: mapped_segments=K` once the store is open, and `done N succeeded M` and
+//! exits 0 once all ended; exits 1 on any error.
 
 use procflow::executor::{Executor, Outcome, SubmitOptions};
 use procflow::prelude::*;
@@ -62,6 +66,7 @@ struct Chain {
     index: u32,
     steps: u32,
     done: u32,
+    pad: Vec<u8>,
 }
 
 impl ChainStateHandlers for Chain {
@@ -87,6 +92,8 @@ struct Args {
     steps: u32,
     step_ms: u64,
     idempotent: bool,
+    segment_kib: u64,
+    pad: usize,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -96,6 +103,8 @@ fn parse_args() -> Result<Args, String> {
         steps: 20,
         step_ms: 10,
         idempotent: true,
+        segment_kib: WalConfig::default().segment_size / 1024,
+        pad: 0,
     };
     let mut dir = None;
     let mut it = std::env::args().skip(1);
@@ -112,6 +121,8 @@ fn parse_args() -> Result<Args, String> {
             }
             "--step-ms" => args.step_ms = number(value()?)?,
             "--non-idempotent" => args.idempotent = false,
+            "--segment-kib" => args.segment_kib = number(value()?)?,
+            "--pad" => args.pad = usize::try_from(number(value()?)?).map_err(|e| e.to_string())?,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -131,7 +142,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args()?;
     let ledger_dir = args.dir.join("ledger");
     std::fs::create_dir_all(&ledger_dir)?;
-    let store = Arc::new(WalStore::open(args.dir.join("wal"), WalConfig::default())?);
+    let config = WalConfig {
+        segment_size: args.segment_kib * 1024,
+        ..WalConfig::default()
+    };
+    let store = Arc::new(WalStore::open(args.dir.join("wal"), config)?);
+    println!("open: mapped_segments={}", store.stats().mapped_segments);
     let ledger = Ledger {
         dir: ledger_dir,
         step_delay: Duration::from_millis(args.step_ms),
@@ -147,6 +163,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             index,
             steps: args.steps,
             done: 0,
+            pad: vec![index as u8; args.pad],
         };
         let options = SubmitOptions::default().nonce(format!("chain-{index}"));
         ids.push(executor.submit_with(chain, options).await?);

@@ -90,7 +90,9 @@ impl IoBackend for FsBackend {
         // changed, but reading past the file's end after it was cut shorter raises
         // `SIGBUS`. The WAL maps segments only while it holds the directory's lock, so no
         // other procflow process writes them, and it reads only up to the length it
-        // truncates a torn tail to (`map_file`'s contract).
+        // truncates a torn tail to (`map_file`'s contract). Values it keeps in the
+        // mapping after the open lie in records before that length; the writer appends
+        // after them and cuts a segment at close only after its last record.
         let map = Arc::new(unsafe { memmap2::MmapOptions::new().map(&file)? });
         populate_ahead(&map, file);
         Ok(Some(bytes::Bytes::from_owner(SharedMap(map))))

@@ -333,11 +333,12 @@ fn serve(inner: &Inner, group: impl ExactSizeIterator<Item = Request>) -> Option
         if outcome.is_ok() && !written.is_empty() {
             let Log {
                 state,
+                kept,
                 index,
                 writer,
                 ..
             } = &mut *log;
-            outcome = compaction::compact(state, index, writer)
+            outcome = compaction::compact(state, kept, index, writer)
                 .and_then(|_| writer.flush())
                 .map_err(|e| inner.poison(e));
         }

@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hash};
 
+use super::arena::{self, Kept};
 use super::record::{self, KIND_COMPACTION};
 use super::writer::Writer;
 use crate::error::StoreError;
@@ -151,7 +152,8 @@ impl LiveIndex {
 ///
 /// I/O errors from the writer; the caller must poison the store.
 pub(crate) fn compact(
-    state: &State,
+    state: &mut State,
+    kept: &mut Kept,
     index: &mut LiveIndex,
     writer: &mut Writer,
 ) -> Result<usize, StoreError> {
@@ -167,7 +169,7 @@ pub(crate) fn compact(
         if oldest > active_at_start || closed_bytes <= COMPACTION_RATIO * index.live_bytes() {
             break;
         }
-        rewrite_forward(state, index, writer, oldest)?;
+        rewrite_forward(state, kept, index, writer, oldest)?;
         removed += 1;
     }
     Ok(removed)
@@ -228,21 +230,27 @@ fn runs(changes: &[Change], bound: u64) -> impl Iterator<Item = &[Change]> {
 /// (no sync between them, so only the first can start a group): damage in one of them
 /// with others after it is still a torn tail.
 ///
-/// The values in memory stay as they are: each owns its bytes (recovery copies them out
-/// of the segments it reads), so none keeps a deleted segment's file in memory. Making
-/// them slices of the record just written would only let a few of them keep that whole
-/// record resident once the rest are superseded.
+/// The values in memory stay as they are, but for those recovery left in the segment's
+/// mapping ([`Kept`]): they get copies of their own first, so that the store does not
+/// keep a deleted file's space, nor its pages, for as long as they live. Making the
+/// others slices of the record just written would only let a few of them keep that
+/// whole record resident once the rest are superseded.
 fn rewrite_forward(
-    state: &State,
+    state: &mut State,
+    kept: &mut Kept,
     index: &mut LiveIndex,
     writer: &mut Writer,
     segment: u64,
 ) -> Result<(), StoreError> {
-    let changes: Vec<Change> = index
-        .keys_in(segment)
-        .iter()
-        .filter_map(|key| state.current(key))
-        .collect();
+    let keys = index.keys_in(segment);
+    if let Some(mapping) = kept.remove(&segment) {
+        let ids = keys.iter().filter_map(|key| match key {
+            Key::Proc(id) => Some(*id),
+            Key::Meta(_) => None,
+        });
+        arena::copy_out_of(&mut state.records, ids.collect(), mapping);
+    }
+    let changes: Vec<Change> = keys.iter().filter_map(|key| state.current(key)).collect();
     for run in runs(&changes, record_bound(writer.segment_size())) {
         let payload_len = record::payload_len(run)?;
         let landed = writer.append(KIND_COMPACTION, state.highest_token, run, payload_len)?;

@@ -25,6 +25,7 @@ use std::thread::JoinHandle;
 
 pub use config::{SyncMode, WalConfig};
 
+use self::arena::Kept;
 use self::committer::{Answer, Queue, Reply, Request};
 use self::compaction::LiveIndex;
 use self::writer::Writer;
@@ -122,6 +123,9 @@ pub struct WalStats {
     pub ahead_bytes: u64,
     /// Estimated bytes of live data (records and metadata, with per-entry overhead).
     pub live_bytes: u64,
+    /// Segments the open left mapped, their recovered values read in place rather than
+    /// copied ([`WalConfig::map_segments`]); compaction lets each one go.
+    pub mapped_segments: usize,
 }
 
 struct Inner {
@@ -140,6 +144,9 @@ struct Inner {
 
 struct Log {
     state: State,
+    /// Mapped segments whose recovered values were left in place (`arena.rs`): copied
+    /// out when compaction deletes the segment.
+    kept: Kept,
     index: LiveIndex,
     writer: Writer,
     closed: bool,
@@ -195,6 +202,7 @@ impl WalStore {
             config,
             log: Mutex::new(Log {
                 state: recovered.state,
+                kept: recovered.kept,
                 index: recovered.index,
                 writer,
                 closed: false,
@@ -256,6 +264,7 @@ impl WalStore {
                 + log.writer.ahead(),
             ahead_bytes: log.writer.ahead(),
             live_bytes: log.index.live_bytes(),
+            mapped_segments: log.kept.len(),
         }
     }
 }
@@ -683,5 +692,49 @@ mod tests {
             copied,
             "compaction replaced the copy made at open"
         );
+    }
+
+    /// Issue 33: a mostly live segment's recovered values stay in its mapping (`arena.rs`)
+    /// until compaction deletes the segment: they are then copied out, keep their bytes,
+    /// and nothing maps the deleted file any more, which would keep its space on disk.
+    #[tokio::test]
+    async fn kept_values_are_copied_out_before_their_segment_is_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = small_segments();
+        let store = WalStore::open(dir.path(), config.clone()).unwrap();
+        let idle = vec![1; 3000];
+        store
+            .commit(Batch::new().put(1, None, idle.clone()))
+            .await
+            .unwrap();
+        store.close().await.unwrap();
+        drop(store);
+
+        let store = WalStore::open(dir.path(), config).unwrap();
+        let path = segment::path(dir.path(), 1);
+        let mapped = || {
+            let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+            maps.contains(path.to_str().unwrap())
+        };
+        let (start, end) = {
+            let log = store.inner.lock_log();
+            let kept: Vec<u64> = log.kept.keys().copied().collect();
+            assert_eq!(kept, [1], "the segment is mostly live");
+            let mapping = &log.kept[&1];
+            let start = mapping.as_ptr() as usize;
+            (start, start + mapping.len())
+        };
+        let at = || store.inner.lock_log().state.records[&1].value.as_ptr() as usize;
+        assert!((start..end).contains(&at()), "the value was copied at open");
+        assert!(mapped());
+
+        churn_until_compacted(&store, 2).await;
+        assert!(store.inner.lock_log().kept.is_empty());
+        assert!(
+            !(start..end).contains(&at()),
+            "the value still lies in the mapping"
+        );
+        assert_eq!(store.get(1).await.unwrap().unwrap().value, idle);
+        assert!(!mapped(), "the deleted segment is still mapped");
     }
 }

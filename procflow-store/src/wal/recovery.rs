@@ -18,7 +18,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::arena::{self, Arenas};
+use super::arena::{self, Arenas, Kept, Segment};
 use super::compaction::LiveIndex;
 use super::index_beside::Notes;
 use super::record::{self, HeaderError, RECORD_HEADER_LEN, RECORD_MARKER, RecordHeader};
@@ -28,7 +28,6 @@ use super::writer::SegmentInfo;
 use crate::error::StoreError;
 use crate::io::{IoBackend, LogFile};
 use crate::state::{Change, State};
-use crate::store::ProcId;
 use bytes::Bytes;
 
 /// One valid record found by [`scan_segment`].
@@ -270,6 +269,8 @@ pub(crate) fn scan_segment(
 /// Everything [`recover`] reconstructed.
 pub(crate) struct Recovered {
     pub(crate) state: State,
+    /// Mapped segments whose values were left in place (`arena.rs`).
+    pub(crate) kept: Kept,
     pub(crate) index: LiveIndex,
     /// Every segment, oldest first; the last one is active.
     pub(crate) segments: Vec<SegmentInfo>,
@@ -417,6 +418,7 @@ pub(crate) fn recover(
         let active = segment::create(backend, dir, 1, 1, sync)?;
         return Ok(Recovered {
             state: State::default(),
+            kept: Kept::new(),
             index: LiveIndex::default(),
             segments: vec![SegmentInfo {
                 number: 1,
@@ -439,10 +441,14 @@ pub(crate) fn recover(
         Ok(())
     })?;
     let Replayed {
-        state,
+        applied:
+            Applied {
+                state,
+                kept,
+                segments,
+                next_seq,
+            },
         index,
-        segments,
-        next_seq,
     } = replayed;
     let path = segment::path(dir, last_number);
     let active = backend
@@ -458,6 +464,7 @@ pub(crate) fn recover(
     }
     Ok(Recovered {
         state,
+        kept,
         index,
         segments,
         active,
@@ -467,8 +474,14 @@ pub(crate) fn recover(
 
 /// What reading the whole log gives.
 struct Replayed {
-    state: State,
+    applied: Applied,
     index: LiveIndex,
+}
+
+/// What applying the segments gives.
+struct Applied {
+    state: State,
+    kept: Kept,
     segments: Vec<SegmentInfo>,
     next_seq: u64,
 }
@@ -477,9 +490,10 @@ struct Replayed {
 /// calls `torn(path, valid_len)` for a segment whose tail is torn (only the last one can
 /// be: any other damage is [`StoreError::Corrupt`]). With `map`, segments are mapped
 /// ([`IoBackend::map_file`]) where the backend can: only bytes before the valid end are
-/// read once `torn` has cut a segment there, and no value points into a mapping once the
-/// replay is over (the live ones are copied out), so the writer appends to a file no
-/// longer mapped.
+/// read once `torn` has cut a segment there. Values point into a mapping after the
+/// replay only where its segment is [`Kept`] (`arena.rs`), and only into records before
+/// that end: the writer appends after them, and cuts a segment at close only after its
+/// last record.
 ///
 /// The compaction index is built beside, on a thread of its own (`index_beside.rs`).
 fn replay(
@@ -491,18 +505,17 @@ fn replay(
 ) -> Result<Replayed, StoreError> {
     std::thread::scope(|scope| {
         let mut notes = Notes::start(scope);
-        let (state, segments, next_seq) = apply(backend, dir, numbers, map, torn, &mut notes)?;
+        let applied = apply(backend, dir, numbers, map, torn, &mut notes)?;
         Ok(Replayed {
-            state,
+            applied,
             index: notes.finish(),
-            segments,
-            next_seq,
         })
     })
 }
 
 /// [`replay`]'s reading and applying of the segments, each change noted in `notes`;
-/// returns the state, the segments read and the next sequence number.
+/// returns the state, the segments kept mapped, the segments read and the next sequence
+/// number.
 fn apply(
     backend: &dyn IoBackend,
     dir: &Path,
@@ -510,7 +523,7 @@ fn apply(
     map: bool,
     mut torn: impl FnMut(&Path, u64) -> Result<(), StoreError>,
     notes: &mut Notes<'_>,
-) -> Result<(State, Vec<SegmentInfo>, u64), StoreError> {
+) -> Result<Applied, StoreError> {
     let mut state = State::default();
     let mut segments = Vec::with_capacity(numbers.len());
     let mut seqs = SeqCheck::default();
@@ -522,8 +535,8 @@ fn apply(
     // that ended in one segment is often deleted in the next, and its value, copied,
     // would have left a hole in an arena (`arena.rs`).
     let mut buffer = Vec::new();
-    // The segment before this one: its bytes, the ids it put, and their values' bytes.
-    let mut previous: Option<(Bytes, Vec<ProcId>, usize)> = None;
+    // The segment before this one.
+    let mut previous: Option<Segment> = None;
     // Each segment is mapped while the one before is decoded (the first before the loop):
     // mapping has a thread read the file ahead (`FsBackend`), so the disk reads it meanwhile.
     // `None` where the backend cannot map: the segment is read when its turn comes.
@@ -534,16 +547,14 @@ fn apply(
     let mut ahead = map_ahead(0)?;
     for (at, &number) in numbers.iter().enumerate() {
         let path = segment::path(dir, number);
-        let bytes = match ahead.take() {
-            Some(mapped) => mapped,
-            None => read_segment(backend, &path, &mut buffer)?,
+        let (bytes, mapped) = match ahead.take() {
+            Some(mapped) => (mapped, true),
+            None => (read_segment(backend, &path, &mut buffer)?, false),
         };
         ahead = map_ahead(at + 1)?;
-        // The records this segment puts: their values are slices of `bytes`.
-        let mut put = Vec::new();
-        // What this segment and the one before may leave to copy out, at most.
-        let before = previous.as_ref().map_or(0, |(_, _, put_bytes)| *put_bytes);
-        let mut put_bytes = 0;
+        // The records this segment puts: their values are slices of its bytes.
+        let mut current = Segment::new(number, bytes, mapped);
+        let bytes = current.bytes.clone();
         let mut pace = Pace::default();
         // A thread checks the checksums ahead of the replay (`verify.rs`).
         let scanned = verify::beside(&bytes, SEGMENT_HEADER_LEN, |checked| {
@@ -555,28 +566,42 @@ fn apply(
                 state.observe_token(record.header.fencing_token);
                 record.for_each_change(&path, |change| {
                     if let Change::Put { id, value, .. } = &change {
-                        put.push(*id);
-                        put_bytes += value.len();
+                        current.put(*id, value.len());
                     }
                     notes.note(number, &change);
-                    state.apply(change);
+                    if let Some(replaced) = state.apply(change) {
+                        // Only these two segments' values can still lie in their bytes.
+                        let _ = current.replaced(&replaced)
+                            || previous.as_mut().is_some_and(|p| p.replaced(&replaced));
+                    }
                 })?;
                 if let Some(waited) = pace.waited(record.header.record_len()) {
                     // About as long as the decoding waited: the disk reads on meanwhile.
-                    // No more than the values put could need, nor than the log's live
-                    // values so far: most puts are superseded (on the restart bench's log
-                    // the puts alone had about 60 % more arenas made than were filled).
+                    // No more than the copies of this segment's and the last one's values
+                    // would take, nor than the log's live values so far (on the restart
+                    // bench's log, arenas made for every value put were 60 % more than
+                    // were filled); nothing for a segment whose values look set to stay.
+                    let read = usize::try_from(record.offset + record.header.record_len());
+                    let copied = |segment: &Segment, len| {
+                        if segment.stays(len) {
+                            0
+                        } else {
+                            segment.live()
+                        }
+                    };
+                    let ahead = copied(&current, read.unwrap_or(usize::MAX))
+                        + previous.as_ref().map_or(0, |p| copied(p, p.bytes.len()));
                     let live = usize::try_from(notes.live_bytes()).unwrap_or(usize::MAX);
-                    arenas.make_ahead_for(waited, (before + put_bytes).min(live));
+                    arenas.make_ahead_for(waited, ahead.min(live));
                     pace.restart(); // The time it took is not the disk's.
                 }
             }
             Ok::<_, StoreError>((scan.valid_len(), scan.torn().is_some()))
         });
+        drop(bytes);
         let (valid_len, was_torn) = scanned?;
-        if let Some((bytes, put, _)) = previous.replace((bytes, put, put_bytes)) {
-            arenas.copy_out(&mut state.records, put, &bytes);
-            buffer = reclaim(bytes);
+        if let Some(previous) = previous.replace(current) {
+            buffer = reclaim(arenas.copy_out(&mut state.records, previous));
         }
         if was_torn {
             torn(&path, valid_len)?;
@@ -587,12 +612,17 @@ fn apply(
             len: valid_len,
         });
     }
-    if let Some((bytes, put, _)) = previous {
-        arenas.copy_out(&mut state.records, put, &bytes);
+    if let Some(previous) = previous {
+        arenas.copy_out(&mut state.records, previous);
     }
-    arenas.finish(&mut state.records);
+    let kept = arenas.finish(&mut state.records);
     state.records = arena::repack(std::mem::take(&mut state.records));
-    Ok((state, segments, seqs.expected.unwrap_or(1)))
+    Ok(Applied {
+        state,
+        kept,
+        segments,
+        next_seq: seqs.expected.unwrap_or(1),
+    })
 }
 
 /// Tells, every [`Pace::EVERY`] bytes of records, whether decoding them waited for the
@@ -719,7 +749,9 @@ fn read_once(backend: &dyn IoBackend, dir: &Path) -> Result<State, StoreError> {
     }
     numbers.sort_unstable();
     check_segment_numbers(dir, &numbers)?;
-    Ok(replay(backend, dir, &numbers, false, |_, _| Ok(()))?.state)
+    Ok(replay(backend, dir, &numbers, false, |_, _| Ok(()))?
+        .applied
+        .state)
 }
 
 #[cfg(test)]
@@ -906,13 +938,14 @@ mod tests {
         );
     }
 
-    /// Issue 16: a recovered value is copied out of its segment. As a slice of the
-    /// segment it was read from, it kept that whole segment in memory, superseded records
-    /// and all. Issue 33: the copies of one segment's live values are packed side by
-    /// side in one arena, in id order, with nothing between them (in the segment, record
-    /// headers and superseded values lay between). Also: reading a shorter segment into
-    /// the buffer a longer one used leaves every value intact. On both backends (the real
-    /// one reuses the buffer's memory).
+    /// Issue 16: a recovered value is copied out of a segment that was read, or that is
+    /// mostly dead. As a slice of the segment it was read from, it kept that whole
+    /// segment in memory, superseded records and all. Issue 33: the copies of one
+    /// segment's live values are packed side by side in one arena, in id order, with
+    /// nothing between them (in the segment, record headers and superseded values lay
+    /// between). Also: reading a shorter segment into the buffer a longer one used leaves
+    /// every value intact. On both backends (the real one reuses the buffer's memory),
+    /// with the real one's mapping turned off.
     #[test]
     fn recovered_values_are_copied_out_side_by_side() {
         let long = vec![7; 5000];
@@ -931,7 +964,9 @@ mod tests {
         for (backend, dir) in backends {
             write_segment(backend, dir, 1, 1, &first);
             write_segment(backend, dir, 2, 4, &second);
-            let state = recover(backend, dir, false, true).unwrap().state;
+            let recovered = recover(backend, dir, false, false).unwrap();
+            assert!(recovered.kept.is_empty(), "nothing was mapped");
+            let state = recovered.state;
             let values: Vec<(ProcId, &[u8])> = state
                 .records
                 .iter()
@@ -940,13 +975,78 @@ mod tests {
             let expected: [(ProcId, &[u8]); 4] =
                 [(1, b"one"), (2, &long), (4, b"four"), (5, b"five")];
             assert_eq!(values, expected);
-            let adjacent = |a: ProcId, b: ProcId| {
-                let (a, b) = (&state.records[&a].value, &state.records[&b].value);
-                a.as_ptr().wrapping_add(a.len()) == b.as_ptr()
-            };
-            assert!(adjacent(1, 2), "segment 1's live values are not packed");
-            assert!(adjacent(4, 5), "segment 2's live values are not packed");
+            assert!(
+                adjacent(&state, 1, 2),
+                "segment 1's live values are not packed"
+            );
+            assert!(
+                adjacent(&state, 4, 5),
+                "segment 2's live values are not packed"
+            );
         }
+    }
+
+    /// Whether the values of `a` and `b` lie side by side in memory.
+    fn adjacent(state: &State, a: ProcId, b: ProcId) -> bool {
+        let (a, b) = (&state.records[&a].value, &state.records[&b].value);
+        a.as_ptr().wrapping_add(a.len()) == b.as_ptr()
+    }
+
+    /// Issue 33: a mapped segment whose live values fill three quarters of it or more
+    /// keeps them where they are, slices of its mapping, and is [`Kept`] under its
+    /// number; a mostly dead one's values are copied out, packed. A kept segment that
+    /// later segments leave mostly dead is copied out at the end after all.
+    #[test]
+    fn a_mostly_live_mapped_segment_keeps_its_values_in_place() {
+        let long = vec![7; 5000];
+        let temp = tempfile::tempdir().unwrap();
+        let dir = temp.path();
+        let backend = crate::io::FsBackend;
+        // Segment 1: 5,000 + 3 live bytes of about 5,100. Segment 2: 8 of about 100.
+        write_segment(&backend, dir, 1, 1, &[vec![put(1, b"one"), put(2, &long)]]);
+        write_segment(
+            &backend,
+            dir,
+            2,
+            2,
+            &[vec![put(4, b"four"), put(5, b"five")]],
+        );
+        let recovered = recover(&backend, dir, false, true).unwrap();
+        let kept: Vec<u64> = recovered.kept.keys().copied().collect();
+        assert_eq!(kept, [1], "only the mostly live segment is kept");
+        let mapping = &recovered.kept[&1];
+        let records = &recovered.state.records;
+        for id in [1, 2] {
+            assert!(
+                lies_in(&records[&id].value, mapping),
+                "value {id} was copied"
+            );
+        }
+        assert_eq!(&records[&2].value[..], &long[..]);
+        assert!(
+            !adjacent(&recovered.state, 1, 2),
+            "a record header lies between"
+        );
+        assert!(
+            adjacent(&recovered.state, 4, 5),
+            "segment 2's values are not packed"
+        );
+        drop(recovered);
+
+        // A third segment deletes the long value: segment 1 is now mostly dead.
+        write_segment(&backend, dir, 3, 3, &[vec![Change::Delete { id: 2 }]]);
+        let recovered = recover(&backend, dir, false, true).unwrap();
+        assert!(
+            recovered.kept.is_empty(),
+            "segment 1 is kept though mostly dead"
+        );
+        assert_eq!(&recovered.state.records[&1].value[..], b"one");
+    }
+
+    /// Whether `value` lies within `mapping`.
+    fn lies_in(value: &Bytes, mapping: &Bytes) -> bool {
+        let (at, start) = (value.as_ptr() as usize, mapping.as_ptr() as usize);
+        at >= start && at + value.len() <= start + mapping.len()
     }
 
     /// The buffer a segment was read into comes back for the next one, emptied, with its
