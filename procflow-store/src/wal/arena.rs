@@ -27,13 +27,14 @@
 //! the record headers and the few superseded values between them) and more time: fresh
 //! pages for the copies (1.4–2.3 µs per 4 KiB on the bench's machine) and the copy,
 //! against pages the replay has read into the page cache already. On the restart bench's
-//! quick log (one segment, 84 % live) a cold restart took 31–34 ms against 43–52 ms
+//! quick log (one segment, 84 % live) a cold restart took 31–35 ms against 41–51 ms
 //! (issue 33). The rule is the one arenas follow at the end of the replay
 //! ([`Arenas::finish`]), which applies it to kept segments too: one that later segments
 //! left sparse is copied after all. Compaction copies a kept segment's values out before
 //! the segment goes (`compaction.rs`), so that no value keeps a deleted file's space.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -45,9 +46,14 @@ use crate::store::{ProcId, Record};
 /// restart).
 const ARENA_BYTES: usize = 256 * 1024;
 
-/// Mapped segments whose live values were left where they are, by segment number: the
-/// store copies them out when it compacts the segment (`compaction.rs`).
-pub(crate) type Kept = BTreeMap<u64, Bytes>;
+/// The address ranges of mapped segments whose live values were left where they are,
+/// by segment number: the store copies them out when it compacts the segment
+/// (`compaction.rs`).
+///
+/// Ranges, not the mappings: a mapping lives only as long as a value in it does. A range
+/// whose mapping went may come to hold other memory; compaction then copies the values
+/// found there once more, which costs a copy and changes no value.
+pub(crate) type Kept = BTreeMap<u64, Range<usize>>;
 
 /// A segment the replay has read, and what of it is still current.
 pub(crate) struct Segment {
@@ -108,7 +114,8 @@ pub(crate) struct Arenas {
     /// Memory for full arenas made while the replay waited for the disk
     /// ([`Arenas::make_ahead`]), not used yet.
     ahead: Vec<memmap2::MmapMut>,
-    /// Mapped segments whose values were left in place, by segment number.
+    /// Mapped segments whose values were left in place, by segment number: held while
+    /// the replay runs, so that no arena is made in their place meanwhile.
     kept: Vec<(u64, Bytes)>,
 }
 
@@ -191,23 +198,32 @@ impl Arenas {
         self.kept
             .into_iter()
             .filter(|(_, bytes)| stays(bytes))
+            .map(|(number, bytes)| (number, address_range(&bytes)))
             .collect()
     }
 }
 
-/// Gives each record of `ids` whose value lies in `segment` (a kept one) a copy of it,
-/// packed in new arenas: the segment is about to be deleted.
+/// Where `bytes` lie in memory.
+pub(crate) fn address_range(bytes: &[u8]) -> Range<usize> {
+    let start = bytes.as_ptr() as usize;
+    start..start + bytes.len()
+}
+
+/// Gives each record of `ids` whose value lies in `segment` (a kept one's range) a copy
+/// of it, packed in new arenas: the segment is about to be deleted.
 pub(crate) fn copy_out_of(
     records: &mut BTreeMap<ProcId, Record>,
-    ids: Vec<ProcId>,
-    segment: Bytes,
+    mut ids: Vec<ProcId>,
+    segment: Range<usize>,
 ) {
-    let copied = Segment {
-        put: ids,
-        ..Segment::new(0, segment, false)
-    };
+    ids.sort_unstable();
+    ids.dedup();
+    let values = in_order(records, &ids)
+        .filter(|record| !record.value.is_empty())
+        .filter(|record| segment.contains(&(record.value.as_ptr() as usize)))
+        .collect();
     // The arenas live on in their values.
-    Arenas::default().copy_out(records, copied);
+    pack_beside(values, &mut Vec::new());
 }
 
 /// The records of `ids` (sorted, distinct) that `records` has, in id order: one walk over

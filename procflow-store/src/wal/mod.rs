@@ -123,8 +123,9 @@ pub struct WalStats {
     pub ahead_bytes: u64,
     /// Estimated bytes of live data (records and metadata, with per-entry overhead).
     pub live_bytes: u64,
-    /// Segments the open left mapped, their recovered values read in place rather than
-    /// copied ([`WalConfig::map_segments`]); compaction lets each one go.
+    /// Segments whose recovered values the open left in their mapping rather than copy
+    /// them ([`WalConfig::map_segments`]), and that compaction has not deleted yet (it
+    /// copies their values out first).
     pub mapped_segments: usize,
 }
 
@@ -721,8 +722,7 @@ mod tests {
             let kept: Vec<u64> = log.kept.keys().copied().collect();
             assert_eq!(kept, [1], "the segment is mostly live");
             let mapping = &log.kept[&1];
-            let start = mapping.as_ptr() as usize;
-            (start, start + mapping.len())
+            (mapping.start, mapping.end)
         };
         let at = || store.inner.lock_log().state.records[&1].value.as_ptr() as usize;
         assert!((start..end).contains(&at()), "the value was copied at open");
