@@ -570,7 +570,9 @@ fn apply(
                     }
                     notes.note(number, &change);
                     if let Some(replaced) = state.apply(change) {
-                        // Only these two segments' values can still lie in their bytes.
+                        // Counted where it lies, if in one of these two segments: an
+                        // older one's values were copied out, or lie in a kept one,
+                        // whose count `Arenas::finish` makes afresh.
                         let _ = current.replaced(&replaced)
                             || previous.as_mut().is_some_and(|p| p.replaced(&replaced));
                     }
