@@ -161,14 +161,10 @@ impl Arenas {
             self.kept.push((segment.number, segment.bytes.clone()));
             return segment.bytes;
         }
-        let Segment { bytes, mut put, .. } = segment;
-        put.sort_unstable();
-        put.dedup();
-        // Put again by a later segment, or deleted: nothing of it is in this buffer.
-        let values = in_order(records, &put)
-            .filter(|record| lies_in(&record.value, &bytes))
-            .collect();
-        self.made.extend(pack_beside(values, &mut self.ahead));
+        let Segment { bytes, put, .. } = segment;
+        let region = address_range(&bytes);
+        self.made
+            .extend(copy_values(records, put, region, &mut self.ahead));
         // Only this list holds them: every value in them was superseded or deleted.
         self.made.retain(|arena| Arc::strong_count(arena) > 1);
         bytes
@@ -213,17 +209,29 @@ pub(crate) fn address_range(bytes: &[u8]) -> Range<usize> {
 /// of it, packed in new arenas: the segment is about to be deleted.
 pub(crate) fn copy_out_of(
     records: &mut BTreeMap<ProcId, Record>,
-    mut ids: Vec<ProcId>,
+    ids: Vec<ProcId>,
     segment: Range<usize>,
 ) {
+    // The arenas live on in their values.
+    copy_values(records, ids, segment, &mut Vec::new());
+}
+
+/// Gives each record of `ids` (in any order, repeats allowed) whose value still lies in
+/// `region` a copy of it, packed in new arenas, and returns them. A record put again
+/// since, or deleted, has nothing there.
+fn copy_values(
+    records: &mut BTreeMap<ProcId, Record>,
+    mut ids: Vec<ProcId>,
+    region: Range<usize>,
+    ahead: &mut Vec<memmap2::MmapMut>,
+) -> Vec<Arc<Memory>> {
     ids.sort_unstable();
     ids.dedup();
     let values = in_order(records, &ids)
         .filter(|record| !record.value.is_empty())
-        .filter(|record| segment.contains(&(record.value.as_ptr() as usize)))
+        .filter(|record| region.contains(&(record.value.as_ptr() as usize)))
         .collect();
-    // The arenas live on in their values.
-    pack_beside(values, &mut Vec::new());
+    pack_beside(values, ahead)
 }
 
 /// The records of `ids` (sorted, distinct) that `records` has, in id order: one walk over
