@@ -200,7 +200,7 @@ impl Arenas {
 }
 
 /// Where `bytes` lie in memory.
-pub(crate) fn address_range(bytes: &[u8]) -> Range<usize> {
+fn address_range(bytes: &[u8]) -> Range<usize> {
     let start = bytes.as_ptr() as usize;
     start..start + bytes.len()
 }
@@ -228,8 +228,7 @@ fn copy_values(
     ids.sort_unstable();
     ids.dedup();
     let values = in_order(records, &ids)
-        .filter(|record| !record.value.is_empty())
-        .filter(|record| region.contains(&(record.value.as_ptr() as usize)))
+        .filter(|record| in_region(&record.value, &region))
         .collect();
     pack_beside(values, ahead)
 }
@@ -254,8 +253,12 @@ fn in_order<'a>(
 
 /// Whether `value` is a non-empty slice of `buffer` (an empty one holds on to nothing).
 fn lies_in(value: &Bytes, buffer: &Bytes) -> bool {
-    let (at, start) = (value.as_ptr() as usize, buffer.as_ptr() as usize);
-    !value.is_empty() && at >= start && at < start + buffer.len()
+    in_region(value, &address_range(buffer))
+}
+
+/// Whether `value` is non-empty and starts within `region`.
+fn in_region(value: &Bytes, region: &Range<usize>) -> bool {
+    !value.is_empty() && region.contains(&(value.as_ptr() as usize))
 }
 
 /// An arena's address range, and the bytes of live values in it.
