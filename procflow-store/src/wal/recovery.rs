@@ -582,17 +582,12 @@ fn apply(
                     // No more than the copies of this segment's and the last one's values
                     // would take, nor than the log's live values so far (on the restart
                     // bench's log, arenas made for every value put were 60 % more than
-                    // were filled); nothing for a segment whose values look set to stay.
+                    // were filled); nothing for a segment that may yet stay.
                     let read = usize::try_from(record.offset + record.header.record_len());
-                    let copied = |segment: &Segment, len| {
-                        if segment.stays(len) {
-                            0
-                        } else {
-                            segment.live()
-                        }
-                    };
-                    let ahead = copied(&current, read.unwrap_or(usize::MAX))
-                        + previous.as_ref().map_or(0, |p| copied(p, p.bytes.len()));
+                    let ahead = current.certain_copy(read.unwrap_or(usize::MAX))
+                        + previous
+                            .as_ref()
+                            .map_or(0, |p| p.certain_copy(p.bytes.len()));
                     let live = usize::try_from(notes.live_bytes()).unwrap_or(usize::MAX);
                     arenas.make_ahead_for(waited, ahead.min(live));
                     pace.restart(); // The time it took is not the disk's.
