@@ -767,3 +767,56 @@ async fn only_mostly_live_segments_stay_mapped_after_open() {
     let count = segments.iter().filter(|segment| mapped(segment)).count();
     assert_eq!(count, store.stats().mapped_segments, "{maps}");
 }
+
+/// A segment whose first mebibytes hold only values put again later keeps its live
+/// part mapped and lets the dead part go: its values read back whole, the store counts
+/// it as mapped, and the mapping's resident size is about its live part, not the
+/// segment's (`WalConfig::map_segments`; windows in `wal/arena.rs`).
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_segment_mapped_after_open_keeps_only_its_live_windows_resident() {
+    let env = Env::fs();
+    let config = WalConfig {
+        segment_size: 64 << 20,
+        ..WalConfig::default()
+    };
+    let store = env.open(config.clone()).unwrap();
+    // Three passes over 1,000 procedures of 1,000 bytes: the first two are dead.
+    for pass in 0..3u64 {
+        for id in 0..1000u64 {
+            let value = vec![(id + pass) as u8; 1000];
+            store
+                .commit(Batch::new().put(id, None, value))
+                .await
+                .unwrap();
+        }
+    }
+    store.close().await.unwrap();
+    drop(store);
+    let segments = env.segments();
+    assert_eq!(segments.len(), 1, "{segments:?}");
+    let store = env.open(config).unwrap();
+    let loaded = store.load().await.unwrap();
+    assert_eq!(loaded.records.len(), 1000);
+    for record in &loaded.records {
+        assert_eq!(record.value, vec![(record.id + 2) as u8; 1000]);
+    }
+    assert_eq!(
+        store.stats().mapped_segments,
+        1,
+        "its live part stays mapped"
+    );
+    let name = segments[0].file_name().unwrap().to_str().unwrap();
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut lines = smaps.lines().skip_while(|line| !line.ends_with(name));
+    let resident_kb: u64 = lines
+        .find_map(|line| line.strip_prefix("Rss:"))
+        .and_then(|rss| rss.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("the segment is mapped");
+    let file_kb = std::fs::metadata(&segments[0]).unwrap().len() >> 10;
+    // The live values take about 1 MB, in at most two windows of 1 MiB.
+    assert!(
+        resident_kb <= 2048,
+        "{resident_kb} kB of the {file_kb} kB segment resident"
+    );
+}

@@ -123,6 +123,10 @@ impl IoBackend for FaultBackend {
         self.inner.map_file(path)
     }
 
+    fn release_mapped(&self, bytes: &[u8]) {
+        self.inner.release_mapped(bytes);
+    }
+
     fn create_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
         Ok(self.wrap(self.inner.create_file(path)?))
     }

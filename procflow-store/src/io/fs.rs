@@ -95,7 +95,26 @@ impl IoBackend for FsBackend {
         // after them and cuts a segment at close only after its last record.
         let map = Arc::new(unsafe { memmap2::MmapOptions::new().map(&file)? });
         populate_ahead(&map, file);
+        mappings().register(&map);
         Ok(Some(bytes::Bytes::from_owner(SharedMap(map))))
+    }
+
+    #[allow(unsafe_code)]
+    fn release_mapped(&self, bytes: &[u8]) {
+        let Some((map, at)) = mappings().holding(bytes) else {
+            return;
+        };
+        // SAFETY: `MADV_DONTNEED` on a read-only shared mapping of a file only takes the
+        // pages out of this process's page tables: the mapping stays, and a later read
+        // faults the same bytes in again from the file. (memmap2 marks the advice unsafe
+        // for private and anonymous mappings, whose pages it would replace by zeros.)
+        // Failure (a kernel that refuses the range) only leaves the pages resident.
+        #[cfg(unix)]
+        let _ = unsafe {
+            map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, at, bytes.len())
+        };
+        #[cfg(not(unix))]
+        let _ = (map, at);
     }
 
     fn create_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
@@ -127,6 +146,37 @@ impl AsRef<[u8]> for SharedMap {
     fn as_ref(&self) -> &[u8] {
         &self.0
     }
+}
+
+/// The mappings [`FsBackend::map_file`] made that are still alive, for
+/// [`IoBackend::release_mapped`] to find the one some bytes lie in: a `Bytes` does not
+/// give back the owner it was made from. Held weakly; the dead are dropped as new ones
+/// come. A WAL keeps a few mapped at most.
+#[derive(Default)]
+struct Mappings(Vec<std::sync::Weak<memmap2::Mmap>>);
+
+impl Mappings {
+    fn register(&mut self, map: &Arc<memmap2::Mmap>) {
+        self.0.retain(|map| map.strong_count() > 0);
+        self.0.push(Arc::downgrade(map));
+    }
+
+    /// The live mapping `bytes` lie in, and their offset in it.
+    fn holding(&self, bytes: &[u8]) -> Option<(Arc<memmap2::Mmap>, usize)> {
+        let start = bytes.as_ptr() as usize;
+        self.0
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .find_map(|map| {
+                let at = start.checked_sub(map.as_ptr() as usize)?;
+                (at + bytes.len() <= map.len()).then_some((map, at))
+            })
+    }
+}
+
+fn mappings() -> MutexGuard<'static, Mappings> {
+    static MAPPINGS: Mutex<Mappings> = Mutex::new(Mappings(Vec::new()));
+    MAPPINGS.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// How much of a mapping one populating request of [`populate_ahead`] covers.
@@ -297,6 +347,41 @@ mod tests {
             .expect("the mapping is listed")
     }
 
+    /// Waits until the mapping at `start` has at least `kb` resident.
+    fn wait_resident(start: usize, kb: u64) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let resident = resident_kb(start);
+            if resident >= kb {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{resident} kB of the mapping's {kb} kB resident after 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Released bytes of a mapping leave this process's memory, the rest stays, and
+    /// reading them again gives the file's bytes.
+    #[test]
+    fn released_parts_of_a_mapping_leave_memory_and_read_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment");
+        let len = 8 << 20;
+        fs::write(&path, vec![7u8; len]).unwrap();
+        let bytes = FsBackend.map_file(&path).unwrap().expect("mapped");
+        let start = bytes.as_ptr() as usize;
+        wait_resident(start, (len >> 10) as u64);
+        FsBackend.release_mapped(&bytes[2 << 20..6 << 20]);
+        let resident = resident_kb(start);
+        assert_eq!(resident, 4 << 10, "the 4 MiB not released");
+        assert!(bytes.iter().all(|&byte| byte == 7));
+        // Bytes that are not a mapping's are left alone.
+        FsBackend.release_mapped(&vec![7u8; 4096]);
+    }
+
     /// A mapped segment comes into the mapping ahead of the caller: a thread populates
     /// it, so its pages are resident in this process before anything here reads them
     /// (read through a buffer instead, they would be in the page cache only).
@@ -307,19 +392,7 @@ mod tests {
         let len = 8 << 20;
         fs::write(&path, vec![7u8; len]).unwrap();
         let bytes = FsBackend.map_file(&path).unwrap().expect("mapped");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let resident = resident_kb(bytes.as_ptr() as usize);
-            if resident >= (len >> 10) as u64 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{resident} kB of the mapping's {} kB resident after 10 s",
-                len >> 10
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_resident(bytes.as_ptr() as usize, (len >> 10) as u64);
         assert!(bytes.iter().all(|&byte| byte == 7));
     }
 }

@@ -57,6 +57,17 @@ pub trait IoBackend: Send + Sync + 'static {
         let _ = path;
         Ok(None)
     }
+    /// Says that nothing reads `bytes`, part of a mapping [`IoBackend::map_file`]
+    /// returned, any more: the backend may let their pages go from the process's memory
+    /// while the rest of the mapping lives on. A read of them afterwards must still
+    /// return the file's bytes. The default does nothing.
+    ///
+    /// The WAL calls it for the parts of a segment it keeps mapped after the open whose
+    /// values it copied out (`wal/arena.rs`): they would otherwise stay resident for as
+    /// long as the mapping does.
+    fn release_mapped(&self, bytes: &[u8]) {
+        let _ = bytes;
+    }
     /// Creates `path`, which must not exist (mode 0600 where supported), for appending.
     fn create_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>>;
     /// Opens the existing file `path` for appending.

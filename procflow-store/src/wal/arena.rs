@@ -21,17 +21,19 @@
 //! disk ([`Arenas::make_ahead_for`]): fresh memory is slow to come by, and a cold replay
 //! has time it would otherwise spend waiting.
 //!
-//! A mapped segment whose live values fill at least three quarters of it is not copied
-//! at all: its values stay slices of the mapping, which is [`Kept`] for as long as any of
-//! them lives. The copy of such a segment cost as much memory (its values, less only
-//! the record headers and the few superseded values between them) and more time: fresh
-//! pages for the copies (1.4–2.3 µs per 4 KiB on the bench's machine) and the copy,
-//! against pages the replay has read into the page cache already. On the restart bench's
-//! quick log (one segment, 84 % live) a cold restart took 31–35 ms against 41–51 ms
-//! (issue 33). The rule is the one arenas follow at the end of the replay
-//! ([`Arenas::finish`]), which applies it to kept segments too: one that later segments
-//! left sparse is copied after all. Compaction copies a kept segment's values out before
-//! the segment goes (`compaction.rs`), so that no value keeps a deleted file's space.
+//! A mapped segment is judged by [`WINDOW`]s of a mebibyte: the live values of a window
+//! that fill at least three quarters of it are not copied at all. They stay slices of
+//! the mapping, which is [`Kept`] for as long as any of them lives, and the other
+//! windows' pages are let go (`IoBackend::release_mapped`). The copy of a mostly live
+//! window cost as much memory (its values, less only the record headers and the few
+//! superseded values between them) and more time: fresh pages for the copies (1.4–2.3 µs
+//! per 4 KiB on the bench's machine) and the copy, against pages the replay has read
+//! into the page cache already. On the restart bench's quick log (one segment, 84 %
+//! live) a cold restart took 31–35 ms against 41–51 ms (issue 33). The rule is the one
+//! arenas follow at the end of the replay ([`Arenas::finish`]), which applies it to kept
+//! windows too: one that later segments left sparse is copied after all. Compaction
+//! copies a kept segment's values out before the segment goes (`compaction.rs`), so that
+//! no value keeps a deleted file's space.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -55,6 +57,19 @@ const ARENA_BYTES: usize = 256 * 1024;
 /// found there once more, which costs a copy and changes no value.
 pub(crate) type Kept = BTreeMap<u64, Range<usize>>;
 
+/// The bytes of a mapped segment judged together: where the live values of a window
+/// fill at least three quarters of it, they stay in the mapping; the others are copied
+/// out and the window's pages are let go ([`Segment::windows`]). A value belongs to the
+/// window it starts in.
+///
+/// Why windows, not whole segments: a segment holds a procedure's updates and, later,
+/// compaction's rewrite of the live ones, so its dead bytes gather at its start. Judged
+/// whole, the restart bench's 39 MB segment, 77 % live, stayed, keeping 9 MB of dead
+/// values resident; a 46 MB one, 56 % live, was copied whole, its 26 MB of live values
+/// lying side by side at its end included. A mebibyte is a multiple of any page size
+/// the store runs on, so a window is whole pages from the mapping's page-aligned start.
+pub(crate) const WINDOW: usize = 1 << 20;
+
 /// A segment the replay has read, and what of it is still current.
 pub(crate) struct Segment {
     pub(crate) number: u64,
@@ -64,58 +79,77 @@ pub(crate) struct Segment {
     mapped: bool,
     /// The ids it put, in order, repeats allowed.
     put: Vec<ProcId>,
-    /// The bytes of its values that are still current.
-    live: usize,
+    /// The bytes of its values that are still current, by [`WINDOW`].
+    live: Vec<usize>,
 }
 
 impl Segment {
     pub(crate) fn new(number: u64, bytes: Bytes, mapped: bool) -> Self {
         Segment {
             number,
+            live: vec![0; bytes.len().div_ceil(WINDOW)],
             bytes,
             mapped,
             put: Vec::new(),
-            live: 0,
         }
     }
 
-    /// Procedure `id` is now a value of `len` bytes of this segment.
-    pub(crate) fn put(&mut self, id: ProcId, len: usize) {
+    /// Procedure `id` now has `value`, a slice of this segment.
+    pub(crate) fn put(&mut self, id: ProcId, value: &Bytes) {
         self.put.push(id);
-        self.live += len;
+        if let Some(window) = self.window_of(value) {
+            self.live[window] += value.len();
+        }
     }
 
     /// `value` is no longer current: if it lies in this segment, counts it out and
     /// returns `true`.
     pub(crate) fn replaced(&mut self, value: &Bytes) -> bool {
-        let here = lies_in(value, &self.bytes);
-        if here {
-            self.live -= value.len();
+        let window = self.window_of(value);
+        if let Some(window) = window {
+            self.live[window] -= value.len();
         }
-        here
+        window.is_some()
     }
 
-    /// Whether its values stay where they are ([`Arenas::copy_out`]), now that it has
-    /// been read whole.
-    pub(crate) fn stays(&self) -> bool {
-        self.live > 0 && self.may_stay(self.bytes.len())
+    /// The window `value` starts in, if it lies in this segment.
+    fn window_of(&self, value: &Bytes) -> Option<usize> {
+        let start = self.bytes.as_ptr() as usize;
+        lies_in(value, &self.bytes).then(|| (value.as_ptr() as usize - start) / WINDOW)
     }
 
-    /// Whether it may still stay, its first `read` bytes read: it would if every byte
-    /// after them were a live value. Judged on the bytes read alone, a segment whose
-    /// replaced values lie early (a procedure's updates, then the compaction's rewrite of
-    /// the live ones) looked sparse until its end: the quick restart bench's 39 MB segment
-    /// stayed at 77 % live, after its replay had made 10 MB of arenas for copies that
-    /// never happened, and unmapped them again.
-    pub(crate) fn may_stay(&self, read: usize) -> bool {
-        let unread = self.bytes.len().saturating_sub(read);
-        self.mapped && !sparse(self.live + unread, self.bytes.len())
+    /// Window `window`'s offsets in the segment.
+    fn window(&self, window: usize) -> Range<usize> {
+        window * WINDOW..((window + 1) * WINDOW).min(self.bytes.len())
     }
 
-    /// Once a copy of its values is certain, its first `read` bytes read, the bytes of
-    /// its current values; 0 while it [may stay](Self::may_stay).
+    /// The windows whose values stay where they are ([`Arenas::copy_out`]), now that
+    /// the segment has been read whole: its windows that are mapped, hold live values
+    /// and are not [sparse]. The others' values are copied.
+    fn windows(&self) -> Vec<bool> {
+        (0..self.live.len())
+            .map(|window| self.live[window] > 0 && self.may_stay(window, self.bytes.len()))
+            .collect()
+    }
+
+    /// Whether window `window` may still stay, the segment's first `read` bytes read: it
+    /// would if every byte of it not read yet were a live value. Judged on the bytes
+    /// read alone, a window looked sparse until its end whenever its replaced values lay
+    /// early.
+    fn may_stay(&self, window: usize, read: usize) -> bool {
+        let range = self.window(window);
+        let unread = range.end.saturating_sub(read.max(range.start));
+        self.mapped && !sparse(self.live[window] + unread, range.len())
+    }
+
+    /// The bytes of the current values whose copy is certain by now, the segment's first
+    /// `read` bytes read: those of the windows that can no longer stay. (Later segments
+    /// only take values away.)
     pub(crate) fn certain_copy(&self, read: usize) -> usize {
-        if self.may_stay(read) { 0 } else { self.live }
+        (0..self.live.len())
+            .filter(|&window| !self.may_stay(window, read))
+            .map(|window| self.live[window])
+            .sum()
     }
 }
 
@@ -126,9 +160,28 @@ pub(crate) struct Arenas {
     /// Memory for full arenas made while the replay waited for the disk
     /// ([`Arenas::make_ahead`]), not used yet.
     ahead: Vec<memmap2::MmapMut>,
-    /// Mapped segments whose values were left in place, by segment number: held while
-    /// the replay runs, so that no arena is made in their place meanwhile.
-    kept: Vec<(u64, Bytes)>,
+    /// Mapped segments some of whose values were left in place: held while the replay
+    /// runs, so that no arena is made in their place meanwhile.
+    kept: Vec<KeptSegment>,
+}
+
+/// A mapped segment some of whose windows stay ([`Segment::windows`]).
+struct KeptSegment {
+    number: u64,
+    bytes: Bytes,
+    /// Whether each window still stays.
+    stays: Vec<bool>,
+}
+
+impl KeptSegment {
+    /// The address ranges of its windows, each with whether it stays.
+    fn windows(&self) -> impl Iterator<Item = (Range<usize>, bool)> + '_ {
+        let start = self.bytes.as_ptr() as usize;
+        self.stays.iter().enumerate().map(move |(window, &stays)| {
+            let end = ((window + 1) * WINDOW).min(self.bytes.len());
+            (start + window * WINDOW..start + end, stays)
+        })
+    }
 }
 
 impl Arenas {
@@ -160,35 +213,57 @@ impl Arenas {
     }
 
     /// Gives each record `segment` put whose value still lies in it a copy of its value,
-    /// packed in new arenas, so that no value points into the segment's buffer any more;
-    /// or, if the segment [stays](Segment::stays), keeps it and leaves them where they
-    /// are. Arenas none of whose values are live any more are let go. Returns the
-    /// segment's bytes.
+    /// packed in new arenas, but for values in the windows that stay
+    /// ([`Segment::windows`]): those are left where they are, and the segment is kept.
+    /// `release` is told of each window of a kept segment that no value lies in any more.
+    /// Arenas none of whose values are live any more are let go. Returns the segment's
+    /// bytes.
     pub(crate) fn copy_out(
         &mut self,
         records: &mut BTreeMap<ProcId, Record>,
         segment: Segment,
+        release: &dyn Fn(&[u8]),
     ) -> Bytes {
-        if segment.stays() {
-            self.kept.push((segment.number, segment.bytes.clone()));
-            return segment.bytes;
-        }
-        let Segment { bytes, put, .. } = segment;
+        let stays = segment.windows();
+        let Segment {
+            number, bytes, put, ..
+        } = segment;
+        let kept = KeptSegment {
+            number,
+            bytes: bytes.clone(),
+            stays,
+        };
+        let staying: Vec<Range<usize>> = kept.windows().filter_map(staying).collect();
         let region = address_range(&bytes);
+        let moves = |value: &Bytes| {
+            in_region(value, &region) && !staying.iter().any(|window| in_region(value, window))
+        };
         self.made
-            .extend(copy_values(records, put, region, &mut self.ahead));
+            .extend(copy_values(records, put, moves, &mut self.ahead));
         // Only this list holds them: every value in them was superseded or deleted.
         self.made.retain(|arena| Arc::strong_count(arena) > 1);
+        if !staying.is_empty() {
+            release_windows(&kept, |_| true, release);
+            self.kept.push(kept);
+        }
         bytes
     }
 
-    /// Copies the values of arenas and kept segments less than three quarters used into
-    /// new arenas, packed, so that the dead parts of the old ones are freed. Called once
-    /// the replay is over; returns the kept segments that stay.
-    pub(crate) fn finish(mut self, records: &mut BTreeMap<ProcId, Record>) -> Kept {
+    /// Copies the values of arenas and kept windows less than three quarters used into
+    /// new arenas, packed, so that the dead parts of the old ones are freed (a kept
+    /// window's pages through `release`). Called once the replay is over; returns the
+    /// kept segments that stay.
+    pub(crate) fn finish(
+        mut self,
+        records: &mut BTreeMap<ProcId, Record>,
+        release: &dyn Fn(&[u8]),
+    ) -> Kept {
         let arenas = self.made.iter().map(|arena| Used::of(arena.bytes()));
-        let segments = self.kept.iter().map(|(_, bytes)| Used::of(bytes));
-        let mut regions: Vec<Used> = arenas.chain(segments).collect();
+        let windows = (self.kept.iter())
+            .flat_map(KeptSegment::windows)
+            .filter_map(staying)
+            .map(|window| Used::at(&window));
+        let mut regions: Vec<Used> = arenas.chain(windows).collect();
         regions.sort_unstable_by_key(|region| region.start);
         for record in records.values() {
             if let Some(at) = find(&regions, &record.value) {
@@ -199,15 +274,46 @@ impl Arenas {
             .values_mut()
             .filter(|record| find(&regions, &record.value).is_some_and(|at| regions[at].sparse()))
             .collect();
-        // The old arenas and segments go as their last values move.
+        // The old arenas go as their last values move.
         drop(self.made);
         pack_beside(moved, &mut self.ahead);
-        let stays = |bytes: &Bytes| find(&regions, bytes).is_some_and(|at| !regions[at].sparse());
-        self.kept
-            .into_iter()
-            .filter(|(_, bytes)| stays(bytes))
-            .map(|(number, bytes)| (number, address_range(&bytes)))
-            .collect()
+        let mut kept = Kept::new();
+        for mut segment in self.kept {
+            let now_sparse = |window: &Range<usize>| {
+                find_at(&regions, window.start).is_some_and(|at| regions[at].sparse())
+            };
+            let left: Vec<bool> = segment
+                .windows()
+                .map(|(w, stays)| stays && !now_sparse(&w))
+                .collect();
+            let was = std::mem::replace(&mut segment.stays, left);
+            release_windows(&segment, |window| was[window], release);
+            if segment.stays.iter().any(|&stays| stays) {
+                kept.insert(segment.number, address_range(&segment.bytes));
+            }
+        }
+        kept
+    }
+}
+
+/// A window's range if it stays.
+fn staying((window, stays): (Range<usize>, bool)) -> Option<Range<usize>> {
+    stays.then_some(window)
+}
+
+/// Tells `release` of each window of `segment` that does not stay and `was_kept` says
+/// held values until now: no value lies in it any more, and its pages need not stay in
+/// memory.
+fn release_windows(
+    segment: &KeptSegment,
+    was_kept: impl Fn(usize) -> bool,
+    release: &dyn Fn(&[u8]),
+) {
+    let start = segment.bytes.as_ptr() as usize;
+    for (window, (range, stays)) in segment.windows().enumerate() {
+        if !stays && was_kept(window) {
+            release(&segment.bytes[range.start - start..range.end - start]);
+        }
     }
 }
 
@@ -225,22 +331,23 @@ pub(crate) fn copy_out_of(
     segment: Range<usize>,
 ) {
     // The arenas live on in their values.
-    copy_values(records, ids, segment, &mut Vec::new());
+    let moves = |value: &Bytes| in_region(value, &segment);
+    copy_values(records, ids, moves, &mut Vec::new());
 }
 
-/// Gives each record of `ids` (in any order, repeats allowed) whose value still lies in
-/// `region` a copy of it, packed in new arenas, and returns them. A record put again
-/// since, or deleted, has nothing there.
+/// Gives each record of `ids` (in any order, repeats allowed) whose value `moves` a copy
+/// of it, packed in new arenas, and returns them. A record put again since, or deleted,
+/// has a value elsewhere, which does not move.
 fn copy_values(
     records: &mut BTreeMap<ProcId, Record>,
     mut ids: Vec<ProcId>,
-    region: Range<usize>,
+    moves: impl Fn(&Bytes) -> bool,
     ahead: &mut Vec<memmap2::MmapMut>,
 ) -> Vec<Arc<Memory>> {
     ids.sort_unstable();
     ids.dedup();
     let values = in_order(records, &ids)
-        .filter(|record| in_region(&record.value, &region))
+        .filter(|record| moves(&record.value))
         .collect();
     pack_beside(values, ahead)
 }
@@ -282,9 +389,13 @@ struct Used {
 
 impl Used {
     fn of(bytes: &[u8]) -> Self {
+        Used::at(&address_range(bytes))
+    }
+
+    fn at(range: &Range<usize>) -> Self {
         Used {
-            start: bytes.as_ptr() as usize,
-            len: bytes.len(),
+            start: range.start,
+            len: range.len(),
             live: 0,
         }
     }
@@ -305,7 +416,11 @@ fn find(arenas: &[Used], value: &Bytes) -> Option<usize> {
     if value.is_empty() {
         return None;
     }
-    let at = value.as_ptr() as usize;
+    find_at(arenas, value.as_ptr() as usize)
+}
+
+/// The index of the region address `at` lies in, if any (`regions` sorted by address).
+fn find_at(arenas: &[Used], at: usize) -> Option<usize> {
     let index = arenas
         .partition_point(|arena| arena.start <= at)
         .checked_sub(1)?;
@@ -549,7 +664,11 @@ mod tests {
         let len = ARENA_BYTES / 4;
         let (buffer, mut map) = segment(1..=10, len);
         let mut arenas = Arenas::default();
-        arenas.copy_out(&mut map, unmapped(&buffer, (1..=10).rev().collect()));
+        arenas.copy_out(
+            &mut map,
+            unmapped(&buffer, (1..=10).rev().collect()),
+            &|_| {},
+        );
         assert_eq!(arenas.made.len(), 3, "4 + 4 + 2 values");
         assert_eq!(address(&map, 1) + len, address(&map, 2));
         assert!(intact(&map));
@@ -568,7 +687,11 @@ mod tests {
         }
         let ahead: Vec<usize> = arenas.ahead.iter().map(|m| m.as_ptr() as usize).collect();
         let (buffer, mut map) = segment(1..=40, len);
-        arenas.copy_out(&mut map, unmapped(&buffer, (1..=40).rev().collect()));
+        arenas.copy_out(
+            &mut map,
+            unmapped(&buffer, (1..=40).rev().collect()),
+            &|_| {},
+        );
         assert!(intact(&map));
         assert!(buffer.is_unique(), "a value still points into the segment");
         assert_eq!(arenas.made.len(), 10, "full arenas of four values each");
@@ -594,7 +717,7 @@ mod tests {
         let ahead: Vec<usize> = arenas.ahead.iter().map(|m| m.as_ptr() as usize).collect();
         let len = ARENA_BYTES / 4;
         let (buffer, mut map) = segment(1..=9, len);
-        arenas.copy_out(&mut map, unmapped(&buffer, (1..=9).collect()));
+        arenas.copy_out(&mut map, unmapped(&buffer, (1..=9).collect()), &|_| {});
         assert!(intact(&map));
         assert!(buffer.is_unique(), "a value still points into the segment");
         assert!(arenas.ahead.is_empty(), "both were used");
@@ -614,7 +737,7 @@ mod tests {
         let later = Bytes::from(vec![2; 10]);
         map.get_mut(&2).unwrap().value = later.clone();
         let mut arenas = Arenas::default();
-        arenas.copy_out(&mut map, unmapped(&buffer, vec![1, 2, 3]));
+        arenas.copy_out(&mut map, unmapped(&buffer, vec![1, 2, 3]), &|_| {});
         assert_eq!(map[&2].value.as_ptr(), later.as_ptr());
         assert_eq!(
             address(&map, 1) + 10,
@@ -632,17 +755,17 @@ mod tests {
         let len = ARENA_BYTES / 4;
         let (buffer, mut map) = segment(1..=12, len);
         let mut arenas = Arenas::default();
-        arenas.copy_out(&mut map, unmapped(&buffer, (1..=12).collect()));
+        arenas.copy_out(&mut map, unmapped(&buffer, (1..=12).collect()), &|_| {});
         assert_eq!(arenas.made.len(), 3);
         // Arena 1 (ids 1-4) dies whole, arena 2 (5-8) keeps one value, arena 3 stays full.
         for id in [1, 2, 3, 4, 5, 6, 7] {
             map.remove(&id);
         }
-        arenas.copy_out(&mut map, unmapped(&Bytes::new(), Vec::new()));
+        arenas.copy_out(&mut map, unmapped(&Bytes::new(), Vec::new()), &|_| {});
         assert_eq!(arenas.made.len(), 2, "the dead arena is let go");
         let (sparse, full) = (address(&map, 8), address(&map, 9));
         let old: Vec<_> = arenas.made.iter().map(Arc::downgrade).collect();
-        arenas.finish(&mut map);
+        arenas.finish(&mut map, &|_| {});
         assert_ne!(address(&map, 8), sparse, "the sparse arena's value moved");
         assert_eq!(address(&map, 9), full, "the full arena's values stay");
         let kept = old.iter().filter(|arena| arena.upgrade().is_some()).count();
@@ -650,30 +773,136 @@ mod tests {
         assert!(intact(&map));
     }
 
-    /// A segment counts the bytes of its values still current: a value put adds, one
-    /// replaced that lies in it takes away, one lying elsewhere does not. It stays if
-    /// mapped and three quarters live; a read one never does.
+    /// A segment counts the bytes of its values still current, by window: a value put
+    /// adds in the window it starts in, one replaced that lies in it takes away there,
+    /// one lying elsewhere does not. A window stays if mapped and three quarters live; a
+    /// read segment's never does.
     #[test]
-    fn a_segment_counts_its_current_values() {
-        let bytes = Bytes::from(vec![0; 100]);
+    fn a_segment_counts_its_current_values_by_window() {
+        let bytes = Bytes::from(vec![0; 2 * WINDOW + 100]);
+        let at = |window: usize, offset: usize, len: usize| {
+            bytes.slice(window * WINDOW + offset..window * WINDOW + offset + len)
+        };
+        let quarter = WINDOW / 4;
         let mut segment = Segment::new(1, bytes.clone(), true);
-        segment.put(1, 40);
-        segment.put(2, 40);
-        assert!(segment.stays(), "80 of 100 bytes live");
+        segment.put(1, &at(0, 0, 2 * quarter));
+        segment.put(2, &at(0, 2 * quarter, quarter));
+        segment.put(3, &at(1, 0, 2 * quarter));
+        segment.put(4, &at(2, 0, 80));
+        assert_eq!(
+            segment.windows(),
+            [true, false, true],
+            "3/4, 1/2 and 4/5 live"
+        );
         assert!(
             !segment.replaced(&Bytes::from(vec![0; 40])),
             "a value elsewhere"
         );
-        assert!(segment.replaced(&bytes.slice(0..40)));
-        assert!(!segment.stays(), "40 of 100 bytes live");
-        assert_eq!(segment.certain_copy(100), 40);
-        assert!(segment.may_stay(50), "40 live, and 50 bytes still to read");
-        assert!(!segment.may_stay(70), "40 live, and 30 bytes still to read");
-        assert_eq!(segment.certain_copy(50), 0, "no copy while it may stay");
-        let mut read = Segment::new(2, bytes, false);
-        read.put(1, 100);
-        assert!(!read.stays(), "a segment read, not mapped");
-        assert!(!read.may_stay(0), "a segment read, not mapped");
+        assert!(segment.replaced(&at(2, 0, 80)));
+        assert_eq!(
+            segment.windows(),
+            [true, false, false],
+            "nothing live in the last"
+        );
+        assert_eq!(segment.certain_copy(bytes.len()), 2 * quarter);
+        // The second window read to 3/4 or less could still be 3/4 live.
+        assert_eq!(segment.certain_copy(WINDOW + 3 * quarter), 0);
+        assert_eq!(segment.certain_copy(WINDOW + 3 * quarter + 1), 2 * quarter);
+        let mut read = Segment::new(2, bytes.clone(), false);
+        read.put(1, &at(0, 0, WINDOW));
+        assert_eq!(
+            read.windows(),
+            [false, false, false],
+            "a segment read, not mapped"
+        );
+        assert_eq!(
+            read.certain_copy(0),
+            WINDOW,
+            "its copy is certain from the start"
+        );
+    }
+
+    /// A mapped segment keeps the values of its windows three quarters live in place and
+    /// copies the others', releasing their windows; at the end, a kept window that later
+    /// changes left sparse is copied and released too, and a segment with no window
+    /// left stays no longer.
+    #[test]
+    fn mostly_live_windows_stay_and_the_others_are_copied_and_released() {
+        let bytes = Bytes::from(vec![7; 3 * WINDOW]);
+        let value = |window: usize, n: usize| {
+            let len = WINDOW / 8;
+            bytes.slice(window * WINDOW + n * len..window * WINDOW + (n + 1) * len)
+        };
+        // Window 0: 2 of 8 eighths live; window 1: 8 of 8; window 2: 7 of 8.
+        let live: Vec<(ProcId, Bytes)> = (0..2)
+            .map(|n| value(0, n))
+            .chain((0..8).map(|n| value(1, n)))
+            .chain((0..7).map(|n| value(2, n)))
+            .enumerate()
+            .map(|(id, value)| (id as ProcId + 1, value))
+            .collect();
+        let mut map: BTreeMap<ProcId, Record> = (live.iter().cloned())
+            .map(|(id, value)| {
+                let record = Record {
+                    id,
+                    parent: None,
+                    finished: false,
+                    value,
+                };
+                (id, record)
+            })
+            .collect();
+        let mut segment = Segment::new(1, bytes.clone(), true);
+        for (id, value) in &live {
+            segment.put(*id, value);
+        }
+        let released = std::cell::RefCell::new(Vec::new());
+        let release = |part: &[u8]| {
+            let start = part.as_ptr() as usize - bytes.as_ptr() as usize;
+            released.borrow_mut().push(start..start + part.len());
+        };
+        let mut arenas = Arenas::default();
+        arenas.copy_out(&mut map, segment, &release);
+        let in_window = |map: &BTreeMap<ProcId, Record>, id: ProcId| {
+            let at = map[&id].value.as_ptr() as usize;
+            let start = bytes.as_ptr() as usize;
+            (start..start + bytes.len())
+                .contains(&at)
+                .then(|| (at - start) / WINDOW)
+        };
+        assert_eq!(
+            (in_window(&map, 1), in_window(&map, 2)),
+            (None, None),
+            "copied"
+        );
+        assert!(
+            (3..=17).all(|id| in_window(&map, id).is_some()),
+            "left in place"
+        );
+        assert_eq!(released.borrow()[..], [0..WINDOW; 1], "the sparse window");
+        assert!(map.values().all(|r| r.value.iter().all(|&b| b == 7)));
+        // Window 2 loses three values: 4 of 8 eighths live.
+        for id in 11..=13 {
+            map.remove(&id);
+        }
+        let kept = arenas.finish(&mut map, &release);
+        assert_eq!(
+            in_window(&map, 14),
+            None,
+            "copied once its window turned sparse"
+        );
+        assert_eq!(in_window(&map, 3), Some(1), "a full window stays");
+        assert_eq!(*released.borrow(), [0..WINDOW, 2 * WINDOW..3 * WINDOW]);
+        assert_eq!(kept.len(), 1, "one window of it stays");
+        assert!(map.values().all(|r| r.value.iter().all(|&b| b == 7)));
+        // A kept segment whose values all went by the end stays no longer.
+        let mut segment = Segment::new(2, bytes.clone(), true);
+        segment.put(3, &value(1, 0));
+        segment.put(4, &value(1, 1));
+        let mut arenas = Arenas::default();
+        arenas.copy_out(&mut map, segment, &|_| {});
+        map.clear();
+        assert!(arenas.finish(&mut map, &|_| {}).is_empty(), "nothing stays");
     }
 
     /// Rebuilt from its entries in order, the map keeps every entry.

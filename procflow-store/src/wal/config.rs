@@ -64,9 +64,10 @@ pub struct WalConfig {
     /// directory's lock) does the same. Only the opening process, holding the lock, maps:
     /// the read-only reader (`procflow` admin's offline view) always reads.
     ///
-    /// A segment whose live values fill three quarters of it or more stays mapped after
-    /// the open, its values slices of the mapping rather than copies (a cold restart of
-    /// the bench's quick log took about 30 % less time). So a disk error when one of
+    /// The mebibytes of a segment whose live values fill three quarters of them or more
+    /// stay mapped after the open, their values slices of the mapping rather than copies
+    /// (a cold restart of the bench's quick log took about 30 % less time); the pages of
+    /// the segment's other mebibytes leave the process's memory. So a disk error when one of
     /// those pages is read back later, after the kernel dropped it from the page cache,
     /// is a `SIGBUS` too; and a dormant procedure loaded from such a segment keeps the
     /// segment's file mapped, and its space on disk once compaction deletes it, until

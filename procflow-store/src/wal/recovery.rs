@@ -528,6 +528,8 @@ fn apply(
     let mut segments = Vec::with_capacity(numbers.len());
     let mut seqs = SeqCheck::default();
     let mut arenas = Arenas::default();
+    // The pages of a kept segment's windows whose values were copied out.
+    let release = |bytes: &[u8]| backend.release_mapped(bytes);
     let last_number = numbers.last().copied().unwrap_or(0);
     // Segments are read into two buffers in turn, whose memory is mapped once: a fresh
     // buffer per segment costs a page fault per 4 KiB read. Two, because a segment's live
@@ -566,7 +568,7 @@ fn apply(
                 state.observe_token(record.header.fencing_token);
                 record.for_each_change(&path, |change| {
                     if let Change::Put { id, value, .. } = &change {
-                        current.put(*id, value.len());
+                        current.put(*id, value);
                     }
                     notes.note(number, &change);
                     if let Some(replaced) = state.apply(change) {
@@ -598,7 +600,7 @@ fn apply(
         drop(bytes);
         let (valid_len, was_torn) = scanned?;
         if let Some(previous) = previous.replace(current) {
-            buffer = reclaim(arenas.copy_out(&mut state.records, previous));
+            buffer = reclaim(arenas.copy_out(&mut state.records, previous, &release));
         }
         if was_torn {
             torn(&path, valid_len)?;
@@ -610,9 +612,9 @@ fn apply(
         });
     }
     if let Some(previous) = previous {
-        arenas.copy_out(&mut state.records, previous);
+        arenas.copy_out(&mut state.records, previous, &release);
     }
-    let kept = arenas.finish(&mut state.records);
+    let kept = arenas.finish(&mut state.records, &release);
     state.records = arena::repack(std::mem::take(&mut state.records));
     Ok(Applied {
         state,
