@@ -572,11 +572,11 @@ fn apply(
                     }
                     notes.note(number, &change);
                     if let Some(replaced) = state.apply(change) {
-                        // Counted where it lies, if in one of these two segments: an
-                        // older one's values were copied out, or lie in a kept one,
-                        // whose count `Arenas::finish` makes afresh.
+                        // Counted out where it lies: in one of these two segments, or
+                        // in an arena or a kept window (an older segment's values).
                         let _ = current.replaced(&replaced)
-                            || previous.as_mut().is_some_and(|p| p.replaced(&replaced));
+                            || previous.as_mut().is_some_and(|p| p.replaced(&replaced))
+                            || arenas.replaced(&replaced);
                     }
                 })?;
                 if let Some(waited) = pace.waited(record.header.record_len()) {
