@@ -65,7 +65,7 @@ pub(crate) type Kept = BTreeMap<u64, Range<usize>>;
 /// Why windows, not whole segments: a segment holds a procedure's updates and, later,
 /// compaction's rewrite of the live ones, so its dead bytes gather at its start. Judged
 /// whole, the restart bench's 39 MB segment, 77 % live, stayed, keeping 9 MB of dead
-/// values resident; a 46 MB one, 56 % live, was copied whole, its 26 MB of live values
+/// values resident; a 46 MB one, 55 % live, was copied whole, its 26 MB of live values
 /// lying side by side at its end included. A mebibyte is a multiple of any page size
 /// the store runs on, so a window is whole pages from the mapping's page-aligned start.
 pub(crate) const WINDOW: usize = 1 << 20;
