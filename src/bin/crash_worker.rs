@@ -14,7 +14,9 @@
 //! picks up the same procedures. `--segment-kib` sets the WAL's segment size and `--pad`
 //! adds that many bytes to every procedure's state: small segments of large values make
 //! segments the open keeps mapped (`WalConfig::map_segments`), and compactions of them.
-//! Prints `open: mapped_segments=K` once the store is open, and `done N succeeded M` and
+//! Prints `open: mapped_segments=K` once the store is open (and, where
+//! `/proc/self/smaps` tells, `open: mapped_kib=R of S`: the resident and whole size of its
+//! mappings of the log's files), and `done N succeeded M` and
 //! exits 0 once all ended; exits 1 on any error.
 
 use procflow::executor::{Executor, Outcome, SubmitOptions};
@@ -138,6 +140,37 @@ async fn main() {
     }
 }
 
+/// The resident and the whole size, in KiB, of this process's mappings of files in
+/// `dir`, from `/proc/self/smaps`; `None` where there is no such file.
+fn mapped_kib(dir: &std::path::Path) -> Option<(u64, u64)> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let dir = dir.to_str()?;
+    // A mapping's first line starts with its address range (`start-end`, hexadecimal)
+    // and ends with its file, if any; its fields follow, one per line.
+    let first_line = |line: &str| {
+        let range = line.split_whitespace().next().unwrap_or("");
+        range.contains('-') && range.split('-').all(|a| u64::from_str_radix(a, 16).is_ok())
+    };
+    let kib = |line: &str, name: &str| {
+        let value = line
+            .strip_prefix(name)?
+            .trim()
+            .trim_end_matches("kB")
+            .trim();
+        value.parse::<u64>().ok()
+    };
+    let (mut resident, mut size, mut in_dir) = (0, 0, false);
+    for line in smaps.lines() {
+        if first_line(line) {
+            in_dir = line.contains(dir);
+        } else if in_dir {
+            size += kib(line, "Size:").unwrap_or(0);
+            resident += kib(line, "Rss:").unwrap_or(0);
+        }
+    }
+    Some((resident, size))
+}
+
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args()?;
     let ledger_dir = args.dir.join("ledger");
@@ -148,6 +181,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     };
     let store = Arc::new(WalStore::open(args.dir.join("wal"), config)?);
     println!("open: mapped_segments={}", store.stats().mapped_segments);
+    if let Some((resident, size)) = mapped_kib(&args.dir.join("wal")) {
+        println!("open: mapped_kib={resident} of {size}");
+    }
     let ledger = Ledger {
         dir: ledger_dir,
         step_delay: Duration::from_millis(args.step_ms),
