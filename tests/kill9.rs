@@ -79,18 +79,8 @@ fn every_step_lands_exactly_once_across_kill_9() {
 /// restart must have kept at least one segment mapped.
 #[test]
 fn values_kept_in_mapped_segments_survive_kill_9() {
-    let seed = kill_loop::seed(0x6a11_f10e);
-    let dir = tempfile::tempdir().unwrap();
     let extra = ["--segment-kib", "64", "--pad", "2048"];
-    let stdout = crash_and_finish(dir.path(), &extra, seed);
-    assert_all_done(&stdout, dir.path());
-    let mapped: usize = stdout
-        .lines()
-        .find_map(|line| line.strip_prefix("open: mapped_segments="))
-        .expect("the worker prints what its open mapped")
-        .parse()
-        .unwrap();
-    assert!(mapped > 0, "the last restart kept no segment mapped");
+    crash_keeping_segments_mapped(0x6a11_f10e, &extra);
 }
 
 /// Issue 33, stop 65: the same on segments of 4 MiB, each four windows of a mebibyte, so
@@ -99,18 +89,8 @@ fn values_kept_in_mapped_segments_survive_kill_9() {
 /// segment mapped, and released part of it.
 #[test]
 fn values_kept_in_mapped_windows_survive_kill_9() {
-    let seed = kill_loop::seed(0x3a11_f10e);
-    let dir = tempfile::tempdir().unwrap();
     let extra = ["--segment-kib", "4096", "--pad", "2048"];
-    let stdout = crash_and_finish(dir.path(), &extra, seed);
-    assert_all_done(&stdout, dir.path());
-    let mapped: usize = stdout
-        .lines()
-        .find_map(|line| line.strip_prefix("open: mapped_segments="))
-        .expect("the worker prints what its open mapped")
-        .parse()
-        .unwrap();
-    assert!(mapped > 0, "the last restart kept no segment mapped");
+    let stdout = crash_keeping_segments_mapped(0x3a11_f10e, &extra);
     // Released windows leave the mapping's resident part smaller than the mapping.
     let kib = stdout
         .lines()
@@ -122,6 +102,23 @@ fn values_kept_in_mapped_windows_survive_kill_9() {
         resident < size,
         "{resident} of {size} KiB resident: no window released"
     );
+}
+
+/// Kills and restarts the worker with `extra` arguments until it finishes, checks every
+/// ledger and that the last restart kept a segment mapped; returns its output.
+fn crash_keeping_segments_mapped(seed: u64, extra: &[&str]) -> String {
+    let seed = kill_loop::seed(seed);
+    let dir = tempfile::tempdir().unwrap();
+    let stdout = crash_and_finish(dir.path(), extra, seed);
+    assert_all_done(&stdout, dir.path());
+    let mapped: usize = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("open: mapped_segments="))
+        .expect("the worker prints what its open mapped")
+        .parse()
+        .unwrap();
+    assert!(mapped > 0, "the last restart kept no segment mapped");
+    stdout
 }
 
 /// The final run ended every procedure, and every ledger is right.

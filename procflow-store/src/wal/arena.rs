@@ -295,7 +295,11 @@ impl Arenas {
         release: &dyn Fn(&[u8]),
     ) -> Kept {
         let regions = self.regions;
-        if regions.iter().any(Used::sparse) {
+        // A region with no value left holds nothing to move.
+        if regions
+            .iter()
+            .any(|region| region.live > 0 && region.sparse())
+        {
             let moved = records
                 .values_mut()
                 .filter(|record| {
@@ -665,16 +669,7 @@ mod tests {
         );
         let records = ids
             .enumerate()
-            .map(|(at, id)| {
-                let value = buffer.slice(at * len..(at + 1) * len);
-                let record = Record {
-                    id,
-                    parent: None,
-                    finished: false,
-                    value,
-                };
-                (id, record)
-            })
+            .map(|(at, id)| (id, record(id, buffer.slice(at * len..(at + 1) * len))))
             .collect();
         (buffer, records)
     }
@@ -872,15 +867,7 @@ mod tests {
             .map(|(id, value)| (id as ProcId + 1, value))
             .collect();
         let mut map: BTreeMap<ProcId, Record> = (live.iter().cloned())
-            .map(|(id, value)| {
-                let record = Record {
-                    id,
-                    parent: None,
-                    finished: false,
-                    value,
-                };
-                (id, record)
-            })
+            .map(|(id, value)| (id, record(id, value)))
             .collect();
         let mut segment = Segment::new(1, bytes.clone(), true);
         for (id, value) in &live {
