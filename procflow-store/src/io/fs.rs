@@ -107,8 +107,9 @@ impl IoBackend for FsBackend {
         // SAFETY: `MADV_DONTNEED` on a read-only shared mapping of a file only takes the
         // pages out of this process's page tables: the mapping stays, and a later read
         // faults the same bytes in again from the file. (memmap2 marks the advice unsafe
-        // for private and anonymous mappings, whose pages it would replace by zeros.)
-        // Failure (a kernel that refuses the range) only leaves the pages resident.
+        // because on a private or anonymous mapping it discards what was written there,
+        // and nothing is ever written to this one.) A failure (a kernel that refuses the
+        // range) only leaves the pages resident.
         #[cfg(unix)]
         let _ = unsafe {
             map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, at, bytes.len())
