@@ -16,7 +16,8 @@
 //! segments the open keeps mapped (`WalConfig::map_segments`), and compactions of them.
 //! Prints `open: mapped_segments=K` once the store is open (and, where
 //! `/proc/self/smaps` tells, `open: mapped_kib=R of S`: the resident and whole size of its
-//! mappings of the log's files), and `done N succeeded M` and
+//! mappings of the log's files, also appended to `DIR/opens` as `K R S`), and
+//! `done N succeeded M` and
 //! exits 0 once all ended; exits 1 on any error.
 
 use procflow::executor::{Executor, Outcome, SubmitOptions};
@@ -180,9 +181,16 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         ..WalConfig::default()
     };
     let store = Arc::new(WalStore::open(args.dir.join("wal"), config)?);
-    println!("open: mapped_segments={}", store.stats().mapped_segments);
+    let mapped = store.stats().mapped_segments;
+    println!("open: mapped_segments={mapped}");
     if let Some((resident, size)) = mapped_kib(&args.dir.join("wal")) {
         println!("open: mapped_kib={resident} of {size}");
+        // Every open's, for a test that looks at all the restarts of a kill loop.
+        let mut opens = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(args.dir.join("opens"))?;
+        writeln!(opens, "{mapped} {resident} {size}")?;
     }
     let ledger = Ledger {
         dir: ledger_dir,
