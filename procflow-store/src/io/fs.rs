@@ -94,16 +94,20 @@ impl IoBackend for FsBackend {
         // mapping after the open lie in records before that length; the writer appends
         // after them and cuts a segment at close only after its last record.
         let map = Arc::new(unsafe { memmap2::MmapOptions::new().map(&file)? });
-        populate_ahead(&map, file);
-        mappings().register(&map);
+        let stop = Arc::default();
+        populate_ahead(&map, file, Arc::clone(&stop));
+        mappings().register(&map, stop);
         Ok(Some(bytes::Bytes::from_owner(SharedMap(map))))
     }
 
     #[allow(unsafe_code)]
     fn release_mapped(&self, bytes: &[u8]) {
-        let Some((map, at)) = mappings().holding(bytes) else {
+        let Some((map, at, stop)) = mappings().holding(bytes) else {
             return;
         };
+        // Whoever releases part of a mapping has read it: its read-ahead has no more use,
+        // and would bring released pages back if it was behind.
+        *lock(&stop) = true;
         // SAFETY: `MADV_DONTNEED` on a read-only shared mapping of a file only takes the
         // pages out of this process's page tables: the mapping stays, and a later read
         // faults the same bytes in again from the file. (memmap2 marks the advice unsafe
@@ -150,34 +154,42 @@ impl AsRef<[u8]> for SharedMap {
 }
 
 /// The mappings [`FsBackend::map_file`] made that are still alive, for
-/// [`IoBackend::release_mapped`] to find the one some bytes lie in: a `Bytes` does not
-/// give back the owner it was made from. Held weakly; the dead are dropped as new ones
-/// come. A WAL keeps a few mapped at most.
+/// [`IoBackend::release_mapped`] to find the one some bytes lie in (a `Bytes` does not
+/// give back the owner it was made from), each with its read-ahead's stop
+/// ([`populate_ahead`]). Held weakly; the dead are dropped as new ones come. A WAL keeps
+/// a few mapped at most.
 #[derive(Default)]
-struct Mappings(Vec<std::sync::Weak<memmap2::Mmap>>);
+struct Mappings(Vec<(std::sync::Weak<memmap2::Mmap>, Stop)>);
+
+/// Set to stop a mapping's read-ahead, which populates each window under its lock.
+type Stop = Arc<Mutex<bool>>;
 
 impl Mappings {
-    fn register(&mut self, map: &Arc<memmap2::Mmap>) {
-        self.0.retain(|map| map.strong_count() > 0);
-        self.0.push(Arc::downgrade(map));
+    fn register(&mut self, map: &Arc<memmap2::Mmap>, stop: Stop) {
+        self.0.retain(|(map, _)| map.strong_count() > 0);
+        self.0.push((Arc::downgrade(map), stop));
     }
 
-    /// The live mapping `bytes` lie in, and their offset in it.
-    fn holding(&self, bytes: &[u8]) -> Option<(Arc<memmap2::Mmap>, usize)> {
+    /// The live mapping `bytes` lie in, their offset in it, and its read-ahead's stop.
+    fn holding(&self, bytes: &[u8]) -> Option<(Arc<memmap2::Mmap>, usize, Stop)> {
         let start = bytes.as_ptr() as usize;
-        self.0
-            .iter()
-            .filter_map(std::sync::Weak::upgrade)
-            .find_map(|map| {
-                let at = start.checked_sub(map.as_ptr() as usize)?;
-                (at + bytes.len() <= map.len()).then_some((map, at))
-            })
+        self.0.iter().find_map(|(map, stop)| {
+            let map = map.upgrade()?;
+            let at = start.checked_sub(map.as_ptr() as usize)?;
+            (at + bytes.len() <= map.len()).then(|| (map, at, Arc::clone(stop)))
+        })
     }
 }
 
 fn mappings() -> MutexGuard<'static, Mappings> {
     static MAPPINGS: Mutex<Mappings> = Mutex::new(Mappings(Vec::new()));
-    MAPPINGS.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&MAPPINGS)
+}
+
+/// `mutex`'s guard; each change under these locks is one assignment, so a panic leaves
+/// what they guard whole.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// How much of a mapping one populating request of [`populate_ahead`] covers.
@@ -203,17 +215,25 @@ const POPULATE_WINDOW: usize = 2 << 20;
 /// "Issue 33 in stop 59").
 ///
 /// The thread holds the mapping weakly: once the replay lets go of it, the thread stops
-/// at the next window and the file is unmapped. A window it cannot populate (past an
-/// end cut short, a read error) ends it: the replay meets that place itself. A kernel
-/// without the advice (before Linux 5.14) has the file read through a buffer instead; if
-/// the thread cannot start, faults read the file as they come.
-fn populate_ahead(map: &Arc<memmap2::Mmap>, file: File) {
+/// at the next window and the file is unmapped. It stops too once `stop` is set (by
+/// [`IoBackend::release_mapped`]): it populates each window holding `stop`'s lock, so no
+/// window it populates after a release brings released pages back. A window it cannot
+/// populate (past an end cut short, a read error) ends it: the replay meets that place
+/// itself. A kernel without the advice (before Linux 5.14) has the file read through a
+/// buffer instead; if the thread cannot start, faults read the file as they come.
+fn populate_ahead(map: &Arc<memmap2::Mmap>, file: File, stop: Stop) {
     let map = Arc::downgrade(map);
     let populate = move || {
         let mut at = 0;
         while let Some(map) = map.upgrade().filter(|map| at < map.len()) {
             let len = POPULATE_WINDOW.min(map.len() - at);
-            match populate(&map, at, len) {
+            let stopped = lock(&stop);
+            if *stopped {
+                return;
+            }
+            let populated = populate(&map, at, len);
+            drop(stopped);
+            match populated {
                 Ok(()) => at += len,
                 Err(e) if e.kind() == io::ErrorKind::InvalidInput && at == 0 => {
                     drop(map);
@@ -283,7 +303,7 @@ impl FsFile {
     }
 
     fn end(&self) -> MutexGuard<'_, u64> {
-        self.end.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.end)
     }
 }
 
@@ -381,6 +401,35 @@ mod tests {
         assert!(bytes.iter().all(|&byte| byte == 7));
         // Bytes that are not a mapping's are left alone.
         FsBackend.release_mapped(&vec![7u8; 4096]);
+    }
+
+    /// A release stops the mapping's read-ahead: released pages are not brought back by
+    /// a read-ahead that was behind. (Released right after the mapping is made, the end
+    /// of a 64 MiB file is far ahead of the thread.)
+    #[test]
+    fn a_release_stops_the_read_ahead() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment");
+        let len = 64 << 20;
+        fs::write(&path, vec![7u8; len]).unwrap();
+        let bytes = FsBackend.map_file(&path).unwrap().expect("mapped");
+        let start = bytes.as_ptr() as usize;
+        FsBackend.release_mapped(&bytes[48 << 20..]);
+        // Until the thread is done: the resident size stays the same for 200 ms.
+        let mut resident = resident_kb(start);
+        loop {
+            std::thread::sleep(Duration::from_millis(200));
+            let now = resident_kb(start);
+            if now == resident {
+                break;
+            }
+            resident = now;
+        }
+        assert!(
+            resident <= 48 << 10,
+            "{resident} kB resident: the release came back"
+        );
+        assert!(bytes.iter().all(|&byte| byte == 7));
     }
 
     /// A mapped segment comes into the mapping ahead of the caller: a thread populates
