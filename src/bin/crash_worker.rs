@@ -14,11 +14,10 @@
 //! picks up the same procedures. `--segment-kib` sets the WAL's segment size and `--pad`
 //! adds that many bytes to every procedure's state: small segments of large values make
 //! segments the open keeps mapped (`WalConfig::map_segments`), and compactions of them.
-//! Prints `open: mapped_segments=K` once the store is open (and, where
-//! `/proc/self/smaps` tells, `open: mapped_kib=R of S`: the resident and whole size of its
-//! mappings of the log's files, also appended to `DIR/opens` as `K R S`), and
-//! `done N succeeded M` and
-//! exits 0 once all ended; exits 1 on any error.
+//! Prints `open: mapped_segments=K` once the store is open, and appends `K R S` to
+//! `DIR/opens` where `/proc/self/smaps` tells R and S, the resident and whole size in KiB
+//! of its mappings of the log's files. Prints `done N succeeded M` and exits 0 once all
+//! ended; exits 1 on any error.
 
 use procflow::executor::{Executor, Outcome, SubmitOptions};
 use procflow::prelude::*;
@@ -184,7 +183,6 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mapped = store.stats().mapped_segments;
     println!("open: mapped_segments={mapped}");
     if let Some((resident, size)) = mapped_kib(&args.dir.join("wal")) {
-        println!("open: mapped_kib={resident} of {size}");
         // Every open's, for a test that looks at all the restarts of a kill loop.
         let mut opens = std::fs::OpenOptions::new()
             .create(true)

@@ -120,7 +120,7 @@ impl Segment {
 
     /// Window `window`'s offsets in the segment.
     fn window(&self, window: usize) -> Range<usize> {
-        window * WINDOW..((window + 1) * WINDOW).min(self.bytes.len())
+        window_range(window, self.bytes.len())
     }
 
     /// The windows whose values stay where they are ([`Arenas::copy_out`]), now that
@@ -185,10 +185,16 @@ impl KeptSegment {
     fn windows(&self) -> impl Iterator<Item = (Range<usize>, bool)> + '_ {
         let start = self.bytes.as_ptr() as usize;
         self.stays.iter().enumerate().map(move |(window, &stays)| {
-            let end = ((window + 1) * WINDOW).min(self.bytes.len());
-            (start + window * WINDOW..start + end, stays)
+            let range = window_range(window, self.bytes.len());
+            (start + range.start..start + range.end, stays)
         })
     }
+}
+
+/// The offsets of window `window` of a segment of `len` bytes (the last one may be
+/// shorter).
+fn window_range(window: usize, len: usize) -> Range<usize> {
+    window * WINDOW..((window + 1) * WINDOW).min(len)
 }
 
 impl Arenas {
