@@ -224,6 +224,7 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
     let name = stable_name(machine);
     let states: Vec<_> = machine.states.iter().map(|s| s.ident).collect();
     let indexes = 0..states.len();
+    let from_name_bytes = from_name_bytes(machine);
     let initial = machine
         .states
         .iter()
@@ -339,6 +340,8 @@ fn state_machine_impl(machine: &Machine<'_>) -> TokenStream {
                 match self { #(Self::#states => #indexes,)* }
             }
 
+            #from_name_bytes
+
             fn locks(
                 procedure: &#procedure,
             ) -> ::core::result::Result<
@@ -439,6 +442,28 @@ fn shown_data(machine: &Machine<'_>) -> TokenStream {
         .as_ref()
         .map(|(_, fields)| quote!(const REDACTED: &'static [&'static str] = &[#(#fields),*];));
     quote!(#show #redacted)
+}
+
+/// `from_name_bytes` as one `match` on the name's bytes: every state's name and
+/// aliases, each a byte string (the check phase has made them distinct).
+fn from_name_bytes(machine: &Machine<'_>) -> TokenStream {
+    let arms = machine.states.iter().flat_map(|state| {
+        let ident = state.ident;
+        let name = names::state_name(ident);
+        let aliases = state.attrs.aliases.iter().map(syn::LitStr::value);
+        std::iter::once(name).chain(aliases).map(move |name| {
+            let bytes = proc_macro2::Literal::byte_string(name.as_bytes());
+            quote!(#bytes => ::core::option::Option::Some(Self::#ident),)
+        })
+    });
+    quote! {
+        fn from_name_bytes(name: &[u8]) -> ::core::option::Option<Self> {
+            match name {
+                #(#arms)*
+                _ => ::core::option::Option::None,
+            }
+        }
+    }
 }
 
 fn state_info(machine: &Machine<'_>, state: &State<'_>) -> TokenStream {

@@ -3,7 +3,6 @@
 //! States are persisted by *name*, never by variant index, so reordering the variants of
 //! a machine, or adding new ones, keeps every stored procedure readable.
 
-use crate::machine::state_named;
 use crate::stored::wire::{append, push_str, push_varint, take_str, take_varint};
 use crate::{Error, StateMachine};
 use serde::de::Error as _;
@@ -520,7 +519,7 @@ impl<M: StateMachine> Cursor<M> {
 /// Reads a state's name and finds the state it names (or once named: an alias).
 fn take_state<M: StateMachine>(bytes: &[u8]) -> Option<(M, &[u8])> {
     let (name, rest) = take_str(bytes)?;
-    Some((state_named::<M>(name)?, rest))
+    Some((M::from_name_bytes(name)?, rest))
 }
 
 impl<'de, M: StateMachine> Deserialize<'de> for Cursor<M> {

@@ -264,7 +264,19 @@ pub trait StateMachine: Copy + Eq + Debug + Send + Sync + 'static {
     /// The state called `name`, or that was (`#[alias = ".."]`), if the machine has one.
     #[must_use]
     fn from_name(name: &str) -> Option<Self> {
-        state_named(name.as_bytes())
+        Self::from_name_bytes(name.as_bytes())
+    }
+
+    /// [`from_name`](Self::from_name) for a name's bytes as stored, not checked to be
+    /// UTF-8 first (a byte string equal to a name is one): a restart looks up every
+    /// state a cursor names. The derive writes it as one `match` on the bytes, which
+    /// compiles to a comparison of the length and a word or two per name; this default
+    /// searches [`INFO`](Self::INFO), a `memcmp` call per name of the same length (a
+    /// tenth of a restart's start, perf: docs/BENCHMARKS.md, "Issue 33 in stop 66").
+    #[doc(hidden)]
+    #[must_use]
+    fn from_name_bytes(name: &[u8]) -> Option<Self> {
+        state_named(name)
     }
 
     /// Whether reaching `self` ends the procedure successfully.
@@ -298,9 +310,8 @@ pub trait StateMachine: Copy + Eq + Debug + Send + Sync + 'static {
     }
 }
 
-/// The state of `M` whose name, or one of whose aliases, is `name`'s bytes: for
-/// [`StateMachine::from_name`], and for a restart that reads names as stored, not checked
-/// to be UTF-8 first (a byte string equal to a name is one).
+/// The state of `M` whose name, or one of whose aliases, is `name`'s bytes: the default
+/// of [`StateMachine::from_name_bytes`], for machines not derived.
 pub(crate) fn state_named<M: StateMachine>(name: &[u8]) -> Option<M> {
     let named = |state: &M| {
         let info = state.info();
