@@ -7,6 +7,7 @@ use crate::stored::wire::{append, push_str, push_varint, take_str, take_varint};
 use crate::{Error, StateMachine};
 use serde::de::Error as _;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use smallvec::SmallVec;
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
@@ -84,8 +85,8 @@ impl Phase {
 pub struct Cursor<M> {
     state: M,
     steps: u64,
-    completed: Vec<M>,
-    entries: Vec<(M, u32)>,
+    completed: List<M>,
+    entries: List<(M, u32)>,
     phase: Phase,
     /// The two lists as a record writes them, made by the first write and kept up to
     /// date after it ([`Written`]); not part of the cursor's value.
@@ -173,16 +174,27 @@ impl<M: StateMachine> Default for Cursor<M> {
 /// arena locks; docs/BENCHMARKS.md, issue 33.)
 const ROOM: usize = 16;
 
+/// States a cursor's lists hold in the cursor itself, before they take memory of their
+/// own: a machine of this many states or fewer never allocates for them. A restart
+/// decoded the two lists of every procedure it loaded: their allocations and frees were
+/// about 400 of the 5,950 instructions it spent per procedure (callgrind;
+/// docs/BENCHMARKS.md, "Issue 33 in stop 66"). A running procedure kept two blocks more
+/// for its life.
+const INLINE: usize = 8;
+
+/// A cursor's list: [`INLINE`] states in place, then on the heap.
+type List<T> = SmallVec<[T; INLINE]>;
+
 impl<M: StateMachine> Cursor<M> {
     /// A procedure about to run its initial state.
     #[must_use]
     pub fn new() -> Self {
-        let mut entries = Vec::with_capacity(Self::room());
+        let mut entries = List::with_capacity(Self::room());
         entries.push((M::INITIAL, 1));
         Self {
             state: M::INITIAL,
             steps: 0,
-            completed: Vec::with_capacity(Self::room()),
+            completed: List::with_capacity(Self::room()),
             entries,
             phase: Phase::Running,
             written: OnceLock::new(),
@@ -195,8 +207,8 @@ impl<M: StateMachine> Cursor<M> {
     }
 
     /// `items` collected with [`room`](Self::room) for the states still to come.
-    fn with_room<T>(items: impl Iterator<Item = Result<T, String>>) -> Result<Vec<T>, String> {
-        let mut list = Vec::with_capacity(Self::room());
+    fn with_room<T>(items: impl Iterator<Item = Result<T, String>>) -> Result<List<T>, String> {
+        let mut list = List::with_capacity(Self::room());
         for item in items {
             list.push(item?);
         }
@@ -472,14 +484,14 @@ impl<M: StateMachine> Cursor<M> {
         let (state, rest) = take_state::<M>(bytes)?;
         let (steps, rest) = take_varint(rest, 10)?;
         let (count, mut rest) = take_varint(rest, 10)?;
-        let mut completed = Vec::with_capacity(Self::room());
+        let mut completed = List::with_capacity(Self::room());
         for _ in 0..count {
             let (state, after) = take_state::<M>(rest)?;
             completed.push(state);
             rest = after;
         }
         let (count, mut rest) = take_varint(rest, 10)?;
-        let mut entries = Vec::with_capacity(Self::room());
+        let mut entries = List::with_capacity(Self::room());
         for _ in 0..count {
             let (state, after) = take_state::<M>(rest)?;
             let (times, after) = take_varint(after, 5)?;
