@@ -120,6 +120,25 @@ fn values_kept_in_mapped_windows_survive_kill_9() {
     );
 }
 
+/// Issue 33, stop 66: the same with every third step first waiting for an event of its
+/// own, sent by the worker a while later. Kills leave procedures waiting, which the next
+/// start reads in place rather than loading them (`builder::prepare_dormant`); woken,
+/// each must go on from the step it waited at. At least one start must have loaded some.
+#[test]
+fn procedures_suspended_at_a_kill_9_are_loaded_dormant_and_go_on() {
+    let seed = kill_loop::seed(0x5a5e_f10e);
+    let dir = tempfile::tempdir().unwrap();
+    let stdout = crash_and_finish(dir.path(), &["--suspend-every", "3"], seed);
+    assert_all_done(&stdout, dir.path());
+    let dormant = std::fs::read_to_string(dir.path().join("dormant")).unwrap();
+    let loaded: Vec<u64> = dormant.lines().map(|n| n.parse().unwrap()).collect();
+    println!("suspended procedures loaded by each start: {loaded:?}");
+    assert!(
+        loaded.iter().any(|&n| n > 0),
+        "no start loaded a suspended procedure: {loaded:?}"
+    );
+}
+
 /// The final run ended every procedure, and every ledger is right.
 fn assert_all_done(stdout: &str, dir: &Path) {
     let done = stdout.lines().find(|line| line.starts_with("done "));

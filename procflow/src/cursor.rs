@@ -481,23 +481,13 @@ impl<M: StateMachine> Cursor<M> {
     /// not a state of `M` included: the caller then reads it through [`Repr`], which says
     /// what is wrong (a test holds the two to the same cursors).
     pub(crate) fn read_from(bytes: &[u8]) -> Option<Self> {
-        let (state, rest) = take_state::<M>(bytes)?;
-        let (steps, rest) = take_varint(rest, 10)?;
-        let (count, mut rest) = take_varint(rest, 10)?;
         let mut completed = List::with_capacity(Self::room());
-        for _ in 0..count {
-            let (state, after) = take_state::<M>(rest)?;
-            completed.push(state);
-            rest = after;
-        }
-        let (count, mut rest) = take_varint(rest, 10)?;
         let mut entries = List::with_capacity(Self::room());
-        for _ in 0..count {
-            let (state, after) = take_state::<M>(rest)?;
-            let (times, after) = take_varint(after, 5)?;
-            entries.push((state, u32::try_from(times).ok()?));
-            rest = after;
-        }
+        let (state, steps, rest) = walk::<M>(
+            bytes,
+            |state| completed.push(state),
+            |state, times| entries.push((state, times)),
+        )?;
         let (phase, _) = postcard::take_from_bytes::<Phase>(rest).ok()?;
         Some(Self {
             state,
@@ -506,6 +496,28 @@ impl<M: StateMachine> Cursor<M> {
             entries,
             phase,
             written: OnceLock::new(),
+        })
+    }
+
+    /// What a restart needs to know of a procedure it loads dormant, read from a cursor
+    /// as [`read_from`](Self::read_from) reads it, nothing kept: its state, its steps, and
+    /// whether it is past a point of no return. `None` unless it runs forward
+    /// ([`Phase::Running`]) and [`read_from`](Self::read_from) would read it.
+    pub(crate) fn glance(bytes: &[u8]) -> Option<Glance<M>> {
+        let mut past_point_of_no_return = false;
+        let (state, steps, rest) = walk::<M>(
+            bytes,
+            |state| past_point_of_no_return |= state.is_point_of_no_return(),
+            |_, _| {},
+        )?;
+        // `Phase::Running`, as postcard writes it: its variant's index, 0.
+        if rest.first() != Some(&0) {
+            return None;
+        }
+        Some(Glance {
+            state,
+            steps,
+            past_point_of_no_return: past_point_of_no_return || state.is_point_of_no_return(),
         })
     }
 
@@ -526,6 +538,40 @@ impl<M: StateMachine> Cursor<M> {
             written: OnceLock::new(),
         })
     }
+}
+
+/// A cursor's fields up to its phase, as [`Cursor::read_from`] reads them: its state
+/// and steps, each state of its completed list handed to `completed` and each of its
+/// entries to `entry`; and the bytes after them. `None` if they do not read.
+fn walk<M: StateMachine>(
+    bytes: &[u8],
+    mut completed: impl FnMut(M),
+    mut entry: impl FnMut(M, u32),
+) -> Option<(M, u64, &[u8])> {
+    let (state, rest) = take_state::<M>(bytes)?;
+    let (steps, rest) = take_varint(rest, 10)?;
+    let (count, mut rest) = take_varint(rest, 10)?;
+    for _ in 0..count {
+        let (state, after) = take_state::<M>(rest)?;
+        completed(state);
+        rest = after;
+    }
+    let (count, mut rest) = take_varint(rest, 10)?;
+    for _ in 0..count {
+        let (state, after) = take_state::<M>(rest)?;
+        let (times, after) = take_varint(after, 5)?;
+        entry(state, u32::try_from(times).ok()?);
+        rest = after;
+    }
+    Some((state, steps, rest))
+}
+
+/// What [`Cursor::glance`] reads.
+pub(crate) struct Glance<M> {
+    pub(crate) state: M,
+    pub(crate) steps: u64,
+    /// See [`Cursor::past_point_of_no_return`].
+    pub(crate) past_point_of_no_return: bool,
 }
 
 /// Reads a state's name and finds the state it names (or once named: an alias).

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! crash_worker --dir DIR [--procedures 200] [--steps 20] [--step-ms 10] [--non-idempotent]
-//!              [--segment-kib 65536] [--pad 0]
+//!              [--segment-kib 65536] [--pad 0] [--suspend-every 0]
 //! ```
 //!
 //! Runs `--procedures` procedures of `--steps` steps on a durable `WalStore` in
@@ -16,10 +16,13 @@
 //! segments the open keeps mapped (`WalConfig::map_segments`), and compactions of them.
 //! Prints `open: mapped_segments=K` once the store is open, and appends `K R S` to
 //! `DIR/opens` where `/proc/self/smaps` tells R and S, the resident and whole size in KiB
-//! of its mappings of the log's files. Prints `done N succeeded M` and exits 0 once all
-//! ended; exits 1 on any error.
+//! of its mappings of the log's files. `--suspend-every K` has every K-th step first wait
+//! for an event of its own, which a task of the worker sends a while later: a kill then
+//! leaves procedures suspended, which the next start loads dormant; each start appends
+//! how many it loaded so to `DIR/dormant`. Prints `done N succeeded M` and exits 0 once
+//! all ended; exits 1 on any error.
 
-use procflow::executor::{Executor, Outcome, SubmitOptions};
+use procflow::executor::{Executor, Outcome, Status, SubmitOptions};
 use procflow::prelude::*;
 use procflow::store::{WalConfig, WalStore};
 use serde::{Deserialize, Serialize};
@@ -43,6 +46,8 @@ struct Ledger {
     dir: PathBuf,
     step_delay: Duration,
     idempotent: bool,
+    /// Every this many steps, a step first waits for its event (0: never).
+    suspend_every: u32,
 }
 
 impl Ledger {
@@ -68,12 +73,19 @@ struct Chain {
     index: u32,
     steps: u32,
     done: u32,
+    /// The last step that waited for its event.
+    waited: u32,
     pad: Vec<u8>,
 }
 
 impl ChainStateHandlers for Chain {
     async fn work(&mut self, ctx: &Context<Ledger>) -> Step<chain_state::Work> {
         let step = self.done + 1;
+        let every = ctx.env().suspend_every;
+        if every > 0 && step.is_multiple_of(every) && self.waited != step {
+            self.waited = step;
+            return Ok(Flow::suspend(format!("chain-{}-{step}", self.index)));
+        }
         ctx.env().record(self.index, step).retryable()?;
         // The effect is out, the step's result not yet persisted: a kill here is the case
         // that needs idempotence, so make it likely.
@@ -96,6 +108,7 @@ struct Args {
     idempotent: bool,
     segment_kib: u64,
     pad: usize,
+    suspend_every: u32,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -107,6 +120,7 @@ fn parse_args() -> Result<Args, String> {
         idempotent: true,
         segment_kib: WalConfig::default().segment_size / 1024,
         pad: 0,
+        suspend_every: 0,
     };
     let mut dir = None;
     let mut it = std::env::args().skip(1);
@@ -125,6 +139,9 @@ fn parse_args() -> Result<Args, String> {
             "--non-idempotent" => args.idempotent = false,
             "--segment-kib" => args.segment_kib = number(value()?)?,
             "--pad" => args.pad = usize::try_from(number(value()?)?).map_err(|e| e.to_string())?,
+            "--suspend-every" => {
+                args.suspend_every = u32::try_from(number(value()?)?).map_err(|e| e.to_string())?
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -171,6 +188,25 @@ fn mapped_kib(dir: &std::path::Path) -> Option<(u64, u64)> {
     Some((resident, size))
 }
 
+fn suspended(status: &Status) -> bool {
+    matches!(status, Status::Suspended { .. })
+}
+
+/// Every 100 ms, sends the event of each procedure waiting for one: long enough that a
+/// kill finds some waiting.
+async fn send_events(executor: Executor<Ledger>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for info in executor.list() {
+            if let Status::Suspended { event } = info.status
+                && executor.wake(&event).await.is_err()
+            {
+                return; // Shutting down.
+            }
+        }
+    }
+}
+
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args = parse_args()?;
     let ledger_dir = args.dir.join("ledger");
@@ -194,17 +230,32 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         dir: ledger_dir,
         step_delay: Duration::from_millis(args.step_ms),
         idempotent: args.idempotent,
+        suspend_every: args.suspend_every,
     };
     let executor = Executor::builder(store, ledger)
         .register::<ChainState>()
         .start()
         .await?;
+    if args.suspend_every > 0 {
+        let dormant = executor
+            .list()
+            .iter()
+            .filter(|i| suspended(&i.status))
+            .count();
+        let mut starts = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(args.dir.join("dormant"))?;
+        writeln!(starts, "{dormant}")?;
+        tokio::spawn(send_events(executor.clone()));
+    }
     let mut ids = Vec::new();
     for index in 0..args.procedures {
         let chain = Chain {
             index,
             steps: args.steps,
             done: 0,
+            waited: 0,
             pad: vec![index as u8; args.pad],
         };
         let options = SubmitOptions::default().nonce(format!("chain-{index}"));

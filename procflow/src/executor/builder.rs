@@ -24,7 +24,7 @@ use crate::stored::record::Wait;
 use crate::stored::record::{
     ENVELOPE_VERSION, Envelope, FENCE_KEY, NEXT_ID_KEY, NONCE_PREFIX, records_locks,
 };
-use crate::{ProcedureId, StateMachine};
+use crate::{Phase, ProcedureId, StateMachine};
 use procflow_store::{Batch, Bytes, Loaded, Record, Store};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -440,7 +440,7 @@ fn resume<E: Send + Sync + 'static>(
         let (mut guess, mut holding) = (false, false);
         if let Some(claim) = prepared.claim {
             guess = !claim.recorded;
-            holding = give_back.claim(claim);
+            holding = give_back.claim(*claim);
         }
         let mut resumed = resumed.unwrap_or_else(|launch| Resumed::runnable(&mut table, launch));
         if holding {
@@ -631,10 +631,12 @@ fn newer_than_this_build<E>(
 /// the table's lock: its entry, its locks' claim, and parking or starting it.
 struct Prepared<E> {
     entry: runner::LoadedEntry,
-    claim: Option<Claim>,
+    /// Boxed, as few have one: each made item crosses from one thread to the other.
+    claim: Option<Box<Claim>>,
     /// It has no parent.
     root: bool,
-    /// `None` if it finished; a dormant one (`Ok`) or one that runs (`Err`) if not.
+    /// A dormant one (`Ok`) or one that runs (`Err`); `None` if it finished, or if it is
+    /// parked in its entry already.
     resumed: Option<Result<Resumed<E>, Box<Launch<E>>>>,
 }
 
@@ -662,12 +664,15 @@ fn prepare<E: Send + Sync + 'static>(
             parent_of(id)
         }
     };
-    let ancestors = restore::ancestors(record.id, parent_of);
+    let ancestors = || restore::ancestors(record.id, parent_of);
+    if let Some(dormant) = prepare_dormant(inner, record, ancestors) {
+        return Ok(dormant);
+    }
     let launch = launch_stored(
         inner,
         record.id,
         record.parent,
-        ancestors,
+        ancestors(),
         &record.value,
         record.finished,
         Read::AtStart,
@@ -679,7 +684,7 @@ fn prepare<E: Send + Sync + 'static>(
         (Wait::Event { name, .. }, None) if !record.finished => Some(name.as_str().into()),
         _ => None,
     };
-    let entry = runner::LoadedEntry::of(&launch, event);
+    let mut entry = runner::LoadedEntry::of(&launch, event);
     if record.finished {
         return Ok(Prepared {
             entry,
@@ -688,11 +693,70 @@ fn prepare<E: Send + Sync + 'static>(
             resumed: None,
         });
     }
+    let claim = claim_of(&launch).map(Box::new);
+    let root = launch.parent.is_none();
+    let resumed = match Resumed::new(inner, launch, record.value.clone()) {
+        // A dormant one whose locks need no settling parks in its entry here: the
+        // thread that puts the entries in the table then has nothing left to do with it.
+        Ok(dormant) if claim.is_none() => dormant.park_in(inner, &mut entry).err().map(Ok),
+        resumed => Some(resumed),
+    };
     Ok(Prepared {
         entry,
-        claim: claim_of(&launch),
-        root: launch.parent.is_none(),
-        resumed: Some(Resumed::new(inner, launch, record.value.clone())),
+        claim,
+        root,
+        resumed,
+    })
+}
+
+/// [`prepare`], the short way, for what a restart loads most: a procedure suspended on
+/// an event, running forward and holding no locks for life, in a record this build
+/// wrote. Its stored value is read in place ([`Registry::glance`]), where loading it
+/// built the procedure, its cursor and its envelope only to drop them (callgrind: 5,550
+/// instructions per procedure, a fifth of them that; docs/BENCHMARKS.md, "Issue 33 in
+/// stop 66"). It makes what [`prepare`] makes of such a record, which
+/// `tests/restart_dormant.rs` checks through what the executor shows and does. `None`
+/// for any other record, and for one the glance does not read: [`prepare`] loads those
+/// whole, which also says what is wrong with one.
+fn prepare_dormant<E: Send + Sync + 'static>(
+    inner: &Arc<Inner<E>>,
+    record: &Record,
+    ancestors: impl FnOnce() -> Vec<u64>,
+) -> Option<Prepared<E>> {
+    if record.finished || !records_locks(&record.value) {
+        return None;
+    }
+    let (mut envelope, snapshot) = Envelope::decode_head(&record.value).ok()?;
+    let Wait::Event { until_ms, .. } = envelope.wait else {
+        return None;
+    };
+    let locks = envelope.declared_locks();
+    if envelope.version > ENVELOPE_VERSION
+        || (locks.hold() == Hold::ForLife && !locks.locks().is_empty())
+    {
+        return None;
+    }
+    let glanced = inner.registry.glance(snapshot)?;
+    let place = runner::Place {
+        machine: glanced.machine,
+        state: glanced.state,
+        steps: glanced.steps,
+        phase: &Phase::Running,
+    };
+    let info = runner::describe_at(record.id, record.parent, &place, &envelope, None);
+    // The event's name moves from the envelope, dropped here, to the table.
+    let Wait::Event { name, .. } = std::mem::replace(&mut envelope.wait, Wait::Ready) else {
+        return None;
+    };
+    let mut entry = runner::LoadedEntry::new(info, &envelope, Some(name.into_boxed_str()));
+    let lineage = (record.id, record.parent, ancestors());
+    let due = (until_ms, glanced.past_point_of_no_return);
+    let dormant = Resumed::glanced(inner, lineage, record.value.clone(), &envelope, due);
+    Some(Prepared {
+        claim: None,
+        root: record.parent.is_none(),
+        resumed: dormant.park_in(inner, &mut entry).err().map(Ok),
+        entry,
     })
 }
 

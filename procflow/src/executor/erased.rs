@@ -183,6 +183,31 @@ fn load_lazy<M: StateMachine>(
     }
 }
 
+/// What a restart needs of a procedure it loads dormant ([`codec::glance`]), for a
+/// snapshot of one machine.
+type Glancer = fn(&[u8]) -> Option<Glanced>;
+
+/// What [`Registry::glance`] reads of a snapshot, the machine's types erased.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Glanced {
+    /// The machine's registered name.
+    pub(crate) machine: &'static str,
+    /// The current state's name.
+    pub(crate) state: &'static str,
+    pub(crate) steps: u64,
+    pub(crate) past_point_of_no_return: bool,
+}
+
+fn glance<M: StateMachine>(snapshot: &[u8]) -> Option<Glanced> {
+    let glance = codec::glance::<M>(snapshot)?;
+    Some(Glanced {
+        machine: M::NAME,
+        state: glance.state.name(),
+        steps: glance.steps,
+        past_point_of_no_return: glance.past_point_of_no_return,
+    })
+}
+
 /// What the registry keeps per machine name.
 struct Machine<E> {
     /// Its stable name, as registered.
@@ -191,6 +216,7 @@ struct Machine<E> {
     type_id: TypeId,
     load: Loader<E>,
     load_lazy: LazyLoader<E>,
+    glance: Glancer,
     /// Its data as the admin shows it.
     #[cfg(feature = "admin")]
     shown: fn(&[u8]) -> crate::admin::data::Shown,
@@ -223,6 +249,7 @@ impl<E: Send + Sync + 'static> Registry<E> {
             type_id: TypeId::of::<M>(),
             load: load::<M>,
             load_lazy: load_lazy::<M>,
+            glance: glance::<M>,
             #[cfg(feature = "admin")]
             shown: crate::admin::data::shown::<M>,
         };
@@ -267,6 +294,14 @@ impl<E: Send + Sync + 'static> Registry<E> {
     ) -> Result<Box<dyn DynProcedure<E>>, (String, String)> {
         let (name, machine) = self.machine_of(snapshot)?;
         (machine.load_lazy)(snapshot).map_err(|e| (name.to_owned(), e.to_string()))
+    }
+
+    /// What a restart needs of a snapshot it loads dormant, read in place: `None` if
+    /// its machine is not registered or [`codec::glance`] does not read it (the
+    /// snapshot is then loaded whole, which says why).
+    pub(crate) fn glance(&self, snapshot: &[u8]) -> Option<Glanced> {
+        let name = codec::read_machine_name(snapshot)?;
+        (self.machines.get(name)?.glance)(snapshot)
     }
 
     /// A stored snapshot's data as the admin shows it.

@@ -542,9 +542,10 @@ impl Table {
     /// [`listen`](Self::listen), the event's name already boxed (made on another
     /// thread at start).
     pub(crate) fn listen_boxed(&mut self, event: Box<str>, id: u64) {
-        match self.events.get_mut(&event) {
-            Some(waiting) => waiting.insert(id),
-            None => drop(self.events.insert(event, Waiters::One(id))),
+        // One hash of the name and one probe, not two of each.
+        match self.events.entry(event) {
+            std::collections::hash_map::Entry::Occupied(waiting) => waiting.into_mut().insert(id),
+            std::collections::hash_map::Entry::Vacant(room) => drop(room.insert(Waiters::One(id))),
         }
     }
 

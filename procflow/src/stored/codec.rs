@@ -26,7 +26,7 @@
 //! build (the split header's `format`), never decoded as data this build would misread.
 //! docs/FORMAT.md describes every field.
 
-use crate::cursor::Repr;
+use crate::cursor::{Glance, Repr};
 use crate::stored::wire::{
     MAX_VARINT_BYTES, append, push_str, push_varint, take_str, take_varint, varint,
 };
@@ -331,6 +331,24 @@ pub(crate) struct Tail<'a> {
 /// [`decode_cursor`] by hand, for a header of version 2 or later naming `M`: a restart
 /// reads one per procedure. `None` for anything else.
 fn read_cursor<M: StateMachine>(bytes: &[u8]) -> Option<(Cursor<M>, Tail<'_>)> {
+    let (cursor, tail) = cursor_bytes::<M>(bytes)?;
+    Some((Cursor::read_from(cursor)?, tail))
+}
+
+/// What a restart needs of a snapshot of `M` it loads dormant ([`Cursor::glance`]),
+/// for a header [`read_cursor`] reads and a format this build writes. `None` for
+/// anything else: the caller then loads the snapshot whole.
+pub(crate) fn glance<M: StateMachine>(bytes: &[u8]) -> Option<Glance<M>> {
+    let (cursor, tail) = cursor_bytes::<M>(bytes)?;
+    if tail.format > SNAPSHOT_VERSION {
+        return None;
+    }
+    Cursor::glance(cursor)
+}
+
+/// A snapshot's cursor bytes (with whatever follows them in its header) and its tail,
+/// for a header of version 2 or later naming `M`.
+fn cursor_bytes<M: StateMachine>(bytes: &[u8]) -> Option<(&[u8], Tail<'_>)> {
     let format = *bytes.first()?;
     if format < 2 {
         return None;
@@ -343,13 +361,12 @@ fn read_cursor<M: StateMachine>(bytes: &[u8]) -> Option<(Cursor<M>, Tail<'_>)> {
     let (data_version, rest) = take_varint(rest, 5)?;
     let data_version = u32::try_from(data_version).ok()?;
     // Fields a later format appends to the header are past what this build reads.
-    let cursor = Cursor::read_from(rest)?;
     let tail = Tail {
         format,
         data_version,
         data,
     };
-    Some((cursor, tail))
+    Some((rest, tail))
 }
 
 /// Reads the procedure data of machine `M` stored at `version`: this build's own version

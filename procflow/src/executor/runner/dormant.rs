@@ -179,12 +179,24 @@ fn lay_down_in<E, S: Sleeper + 'static>(
     if entry.take_permit() {
         return Err(sleeper);
     }
+    lay_in(entry, inner, id, until_ms, sleeper);
+    Ok(())
+}
+
+/// Leaves `sleeper` in `entry`, procedure `id`'s, to be roused at `until_ms` at the
+/// latest if given.
+fn lay_in<E, S: Sleeper + 'static>(
+    entry: &mut Entry,
+    inner: &Inner<E>,
+    id: u64,
+    until_ms: Option<u64>,
+    sleeper: Box<S>,
+) {
     if let Some(at) = until_ms {
         inner.timers.add(at, id);
     }
     tracing::trace!(id, ?until_ms, "dormant");
     entry.parked = Some(Parked(sleeper));
-    Ok(())
 }
 
 /// A procedure that parked while it ran sleeps as its whole `Runner` (which may know
@@ -227,16 +239,23 @@ struct Lineage {
 impl<E: Send + Sync + 'static> Reload<E> {
     /// `launch`, just loaded from `value`, as its stored value.
     pub(super) fn of(inner: &Arc<Inner<E>>, launch: Launch<E>, value: Bytes) -> Box<Self> {
+        let mut reload = Self::new(inner, (launch.id, launch.parent, launch.ancestors), value);
+        reload.holding = launch.holding;
+        reload
+    }
+
+    /// Procedure `id`, a child of `parent` (with `ancestors`) if given, as its stored
+    /// `value`, holding no locks yet.
+    pub(super) fn new(
+        inner: &Arc<Inner<E>>,
+        (id, parent, ancestors): (u64, Option<u64>, Vec<u64>),
+        value: Bytes,
+    ) -> Box<Self> {
         Box::new(Reload {
             inner: Arc::clone(inner),
-            id: launch.id,
-            lineage: launch.parent.map(|parent| {
-                Box::new(Lineage {
-                    parent,
-                    ancestors: launch.ancestors,
-                })
-            }),
-            holding: launch.holding,
+            id,
+            lineage: parent.map(|parent| Box::new(Lineage { parent, ancestors })),
+            holding: false,
             value,
         })
     }
@@ -280,6 +299,21 @@ impl<E: Send + Sync + 'static> Reload<E> {
             return Err(self);
         }
         lay_down_in(table, inner, self.id, until_ms, self)
+    }
+
+    /// [`park_loaded`](Self::park_loaded) into `entry`, made for it at start and not in
+    /// the table yet: nothing can have roused it, so no permit waits in it.
+    pub(super) fn park_in_new(
+        self: Box<Self>,
+        inner: &Inner<E>,
+        entry: &mut Entry,
+        until_ms: Option<u64>,
+    ) -> Result<(), Box<Self>> {
+        if !inner.is_running() {
+            return Err(self);
+        }
+        lay_in(entry, inner, self.id, until_ms, self);
+        Ok(())
     }
 
     /// Gives it a task, counted in again, whose runner `wake` wakes.

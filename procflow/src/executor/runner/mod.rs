@@ -30,6 +30,7 @@ use dormant::Reload;
 use futures_util::FutureExt;
 use procflow_store::{Batch, Bytes};
 use std::cell::Cell;
+use std::collections::hash_map;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -105,12 +106,41 @@ impl<E: Send + Sync + 'static> Resumed<E> {
             }
             _ => return Err(Box::new(launch)),
         };
-        let may_roll_back = waits::may_roll_back(launch.procedure.as_ref(), &launch.envelope);
-        let deadline = launch.envelope.deadline_ms.filter(|_| may_roll_back);
+        let procedure = launch.procedure.as_ref();
+        let past_point_of_no_return = procedure.past_point_of_no_return();
+        let may_roll_back =
+            waits::may_roll_back_at(procedure.phase(), past_point_of_no_return, &launch.envelope);
+        let until_ms = Self::due(until_ms, may_roll_back, &launch.envelope);
         Ok(Self::Dormant {
-            until_ms: dormant::earliest(until_ms, deadline),
+            until_ms,
             reload: Reload::of(inner, launch, value),
         })
+    }
+
+    /// A procedure loaded dormant at start, read in place rather than loaded (see
+    /// `builder::prepare_dormant`): `id`, a child of `parent` if given, its stored
+    /// `value` and `envelope`, suspended on an event until `until_ms` if given, running
+    /// forward, past a point of no return or not.
+    pub(crate) fn glanced(
+        inner: &Arc<Inner<E>>,
+        (id, parent, ancestors): (u64, Option<u64>, Vec<u64>),
+        value: Bytes,
+        envelope: &Envelope,
+        (until_ms, past_point_of_no_return): (Option<u64>, bool),
+    ) -> Self {
+        let may_roll_back =
+            waits::may_roll_back_at(&Phase::Running, past_point_of_no_return, envelope);
+        Self::Dormant {
+            until_ms: Self::due(until_ms, may_roll_back, envelope),
+            reload: Reload::new(inner, (id, parent, ancestors), value),
+        }
+    }
+
+    /// When a dormant procedure is due: its event's timeout `until_ms` or its deadline,
+    /// the earlier; the deadline only while it `may_roll_back`.
+    fn due(until_ms: Option<u64>, may_roll_back: bool, envelope: &Envelope) -> Option<u64> {
+        let deadline = envelope.deadline_ms.filter(|_| may_roll_back);
+        dormant::earliest(until_ms, deadline)
     }
 
     /// `launch`, loaded to run, its entry in `table`.
@@ -125,6 +155,19 @@ impl<E: Send + Sync + 'static> Resumed<E> {
         match self {
             Self::Dormant { reload, .. } => reload.set_holding(),
             Self::Runnable(launch, _) => launch.holding = true,
+        }
+    }
+
+    /// Parks it in `loaded`, its entry made at start and not in the table yet, if it is
+    /// dormant; `Err` gives back one that runs. What [`park_now`](Self::park_now) does
+    /// once the entry is in the table, done where the entry is made (the start's second
+    /// thread), for a procedure whose locks need no settling first.
+    pub(crate) fn park_in(self, inner: &Inner<E>, loaded: &mut LoadedEntry) -> Result<(), Self> {
+        match self {
+            Self::Dormant { reload, until_ms } => reload
+                .park_in_new(inner, &mut loaded.entry, until_ms)
+                .map_err(|reload| Self::Dormant { reload, until_ms }),
+            runnable @ Self::Runnable(..) => Err(runnable),
         }
     }
 
@@ -239,11 +282,18 @@ pub(crate) fn insert_entry<E>(inner: &Inner<E>, launch: &Launch<E>) -> Arc<Signa
     insert_entry_locked(&mut table, launch, || PackedInfo::of(info)).signal()
 }
 
-/// What the table entry of a procedure loaded at start is made of: see
-/// [`insert_loaded`]. Made apart from the table (on the start's second thread).
+/// The table entry of a procedure loaded at start, made whole apart from the table (on
+/// the start's second thread), and what the table notes beside it: see
+/// [`insert_loaded`].
+///
+/// Whole, a dormant one parked in it already ([`Resumed::park_in`]): the thread that
+/// puts entries in the table then reads a pointer, not the entry. Made there, each
+/// entry's parts crossed from the thread that made them to the one that wrote them into
+/// it (perf: that thread spent 39 % of its samples of a restart's start in making
+/// entries, 23 % since; docs/BENCHMARKS.md, "Issue 33 in stop 66").
 pub(crate) struct LoadedEntry {
     id: u64,
-    info: PackedInfo,
+    entry: Box<Entry>,
     nonce: Option<Box<str>>,
     finished_ms: Option<u64>,
     /// The event it is to be registered on, if any.
@@ -253,28 +303,35 @@ pub(crate) struct LoadedEntry {
 impl LoadedEntry {
     /// The entry of `launch`, registered on `event` if given.
     pub(crate) fn of<E>(launch: &Launch<E>, event: Option<Box<str>>) -> Self {
+        Self::new(launch.info(), &launch.envelope, event)
+    }
+
+    /// The entry of the procedure `info` shows, stored with `envelope`, registered on
+    /// `event` if given.
+    pub(crate) fn new(info: Snapshot, envelope: &Envelope, event: Option<Box<str>>) -> Self {
+        let finished_ms = envelope.finished_ms;
         Self {
-            id: launch.id,
-            info: PackedInfo::of(launch.info()),
-            nonce: launch.envelope.nonce.as_deref().map(Into::into),
-            finished_ms: launch.envelope.finished_ms,
+            id: info.id.get(),
+            entry: Box::new(Entry::new(PackedInfo::of(info), finished_ms)),
+            nonce: envelope.nonce.as_deref().map(Into::into),
+            finished_ms,
             event,
         }
     }
 }
 
-/// The entry in `table` for a procedure loaded at start, created if missing, without a
-/// wake-up signal yet ([`Resumed::runnable`] makes one for a procedure that gets a
-/// task); registered on its event if it has one, and asked to abort if `aborted`.
+/// Puts the entry of a procedure loaded at start in `table`, unless one is there
+/// already; registers it on its event if it has one, and asks it to abort if `aborted`.
+/// A procedure that gets a task gets its wake-up signal then ([`Resumed::runnable`]).
 pub(crate) fn insert_loaded(table: &mut Table, loaded: LoadedEntry, aborted: bool) {
     let LoadedEntry {
         id,
-        info,
+        entry,
         nonce,
         finished_ms,
         event,
     } = loaded;
-    let entry = insert_entry_parts(table, id, || nonce, finished_ms, || info);
+    let entry = insert_entry_parts(table, id, || nonce, finished_ms, || entry);
     if aborted {
         entry.ask_abort(|| crate::Error::fatal("aborted on request"));
     }
@@ -310,7 +367,9 @@ fn insert_entry_locked<'t, E>(
     info: impl FnOnce() -> PackedInfo,
 ) -> &'t mut Entry {
     let nonce = || launch.envelope.nonce.as_deref().map(Into::into);
-    insert_entry_parts(table, launch.id, nonce, launch.envelope.finished_ms, info)
+    let finished_ms = launch.envelope.finished_ms;
+    let entry = || Box::new(Entry::new(info(), finished_ms));
+    insert_entry_parts(table, launch.id, nonce, finished_ms, entry)
 }
 
 /// Procedure `id`'s table entry, made (with `info`) if missing; its nonce noted if it
@@ -320,18 +379,24 @@ fn insert_entry_parts(
     id: u64,
     nonce: impl FnOnce() -> Option<Box<str>>,
     finished_ms: Option<u64>,
-    info: impl FnOnce() -> PackedInfo,
+    entry: impl FnOnce() -> Box<Entry>,
 ) -> &mut Entry {
     table.noted(id);
     table.ended_at(id, finished_ms);
-    if !table.procs.contains_key(&id)
-        && let Some(nonce) = nonce()
-    {
-        table.nonce_of.insert(id, nonce);
-    }
+    let Table {
+        procs, nonce_of, ..
+    } = table;
     // Boxed: the map's spare slots (a hash map is up to half empty) then cost a pointer
     // each, not a whole entry.
-    (table.procs.entry(id)).or_insert_with(|| Box::new(Entry::new(info(), finished_ms)))
+    match procs.entry(id) {
+        hash_map::Entry::Occupied(made) => made.into_mut(),
+        hash_map::Entry::Vacant(room) => {
+            if let Some(nonce) = nonce() {
+                nonce_of.insert(id, nonce);
+            }
+            room.insert(entry())
+        }
+    }
 }
 
 /// The signal that wakes procedure `id`'s task (see [`Entry::signal`]); one linked to
@@ -356,14 +421,40 @@ pub(crate) fn describe<E>(
     envelope: &Envelope,
     last_error: Option<&Error>,
 ) -> Snapshot {
-    let (status, cause) = status_of(procedure.phase(), envelope);
+    let place = Place {
+        machine: procedure.machine(),
+        state: procedure.state(),
+        steps: procedure.steps(),
+        phase: procedure.phase(),
+    };
+    describe_at(id, parent, &place, envelope, last_error)
+}
+
+/// Where a procedure is, as a snapshot shows it: read from its loaded procedure, or
+/// glanced at in its stored value.
+pub(crate) struct Place<'a> {
+    pub(crate) machine: &'static str,
+    pub(crate) state: &'static str,
+    pub(crate) steps: u64,
+    pub(crate) phase: &'a Phase,
+}
+
+/// [`describe`], for a procedure at `place`.
+pub(crate) fn describe_at(
+    id: u64,
+    parent: Option<u64>,
+    place: &Place<'_>,
+    envelope: &Envelope,
+    last_error: Option<&Error>,
+) -> Snapshot {
+    let (status, cause) = status_of(place.phase, envelope);
     Snapshot {
         id: ProcedureId::new(id),
         parent: parent.map(ProcedureId::new),
-        machine: procedure.machine(),
+        machine: place.machine,
         status,
-        state: procedure.state(),
-        steps: procedure.steps(),
+        state: place.state,
+        steps: place.steps,
         error: cause.or(last_error).cloned(),
         submitted_ms: envelope.submitted_ms,
         updated_ms: envelope.updated_ms,

@@ -322,10 +322,23 @@ pub(super) fn settle_requests<E>(inner: &Inner<E>, id: u64, settled: &Settled) {
 /// Whether an abort or the deadline may still end `procedure` by rolling it back (see
 /// [`Runner::may_roll_back`]).
 pub(super) fn may_roll_back<E>(procedure: &dyn DynProcedure<E>, envelope: &Envelope) -> bool {
-    let forward = match procedure.phase() {
+    may_roll_back_at(
+        procedure.phase(),
+        procedure.past_point_of_no_return(),
+        envelope,
+    )
+}
+
+/// [`may_roll_back`], for a procedure in `phase`, past a point of no return or not.
+pub(super) fn may_roll_back_at(
+    phase: &Phase,
+    past_point_of_no_return: bool,
+    envelope: &Envelope,
+) -> bool {
+    let forward = match phase {
         Phase::Running => true,
         Phase::Succeeded => envelope.finished_ms.is_none(),
         _ => false,
     };
-    forward && !procedure.past_point_of_no_return()
+    forward && !past_point_of_no_return
 }
