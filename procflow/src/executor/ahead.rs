@@ -11,9 +11,9 @@
 //! [`map`] cuts the items into chunks. A scoped thread makes chunk after chunk, up to
 //! [`CHUNKS_AHEAD`] ahead of the caller, which consumes them in order. The caller makes
 //! a chunk itself when no thread has taken it yet, and makes a later one while the
-//! second thread still makes the one it needs, rather than wait. So at most seven
-//! chunks' worth of made items exist at once, where making them all first would hold
-//! every one.
+//! second thread still makes the one it needs, rather than wait. So at most
+//! `2 * CHUNKS_AHEAD + 1` chunks' worth of made items exist at once, where making them
+//! all first would hold every one.
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
@@ -23,7 +23,13 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 const CHUNK: usize = 256;
 
 /// Chunks the second thread may have taken and the caller not consumed yet, at most.
-const CHUNKS_AHEAD: usize = 3;
+/// Eight, not three: once a dormant procedure's entry was made whole on the second
+/// thread (stop 66), the caller's own work per item fell below the second thread's, and
+/// with three chunks of room the second thread waited for it while the caller made
+/// chunks too; the quick restart log's start took 7 % less with eight (medians of ten
+/// warm restarts, docs/BENCHMARKS.md, "Issue 33 in stop 66"). At about 100 bytes a made
+/// item, seventeen chunks are 435 KB.
+const CHUNKS_AHEAD: usize = 8;
 
 /// Below this many items the work is done on the calling thread alone: a thread costs
 /// about 50 µs to start, as much as a few hundred items.
