@@ -10,13 +10,15 @@
 //! - [`codec`]: the snapshot, a header naming the machine and its cursor, then the
 //!   procedure's own data;
 //! - [`head`]: the envelope's fields before its history, written and read by hand;
-//! - [`history`]: the bounded step history inside the envelope;
+//! - [`history`]: the bounded step history inside the envelope, its entries' times read
+//!   off the step's own clock reads ([`clock`]);
 //! - [`requests`]: operators' requests, stored as metadata entries until carried out;
 //! - [`wire`]: postcard's bytes, appended to a buffer the way every part above is
 //!   written, and read by hand where a restart reads them once per procedure.
 //!
 //! docs/FORMAT.md describes every byte.
 
+pub(crate) mod clock;
 pub mod codec;
 pub(crate) mod head;
 pub(crate) mod history;

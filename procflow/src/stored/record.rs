@@ -332,7 +332,19 @@ impl Envelope {
         outcome: StepOutcome,
         keep: usize,
     ) -> u64 {
-        let now = now_ms();
+        self.note_at(state, kind, outcome, keep, now_ms())
+    }
+
+    /// [`note`](Self::note), the entry's time `now` (ms since the Unix epoch), which it
+    /// returns.
+    pub(crate) fn note_at(
+        &mut self,
+        state: &'static str,
+        kind: StepKind,
+        outcome: StepOutcome,
+        keep: usize,
+        now: u64,
+    ) -> u64 {
         let mark = Mark {
             state: Cow::Borrowed(state),
             kind,

@@ -23,6 +23,7 @@ use super::signal::Signal;
 use super::status::{Status, status_of};
 use super::wakes::StepStart;
 use crate::locks::{Hold, LockKeyError, Locks};
+use crate::stored::clock::wall_ms_at;
 use crate::stored::history::{StepKind, StepOutcome};
 use crate::stored::record::{Envelope, Trouble, Wait, now_ms};
 use crate::{Context, Error, Phase, ProcedureId};
@@ -270,6 +271,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             lock_ticket: None,
             step_seconds: metrics::histogram!("procflow_step_seconds", "machine" => machine),
             noted_ms: None,
+            step_ended: None,
             published_running: Cell::new(false),
         }
     }
@@ -509,6 +511,9 @@ struct Runner<E> {
     /// When [`note`](Self::note) last read the clock, for the next write's time: one
     /// clock read a step instead of two.
     noted_ms: Option<u64>,
+    /// When the step that just ran ended, until its outcome is noted: the history
+    /// entry's time, read off this rather than off the wall clock (`stored::clock`).
+    step_ended: Option<Instant>,
     /// Whether its last whole publication was of it running without an error, so that
     /// the steps after it may be kept as progress ([`publish_step`](Self::publish_step));
     /// `false` once something else published.
@@ -617,6 +622,8 @@ impl<E: Send + Sync + 'static> Runner<E> {
             Some(progress) => self.after_step(progress).await,
             None => Box::pin(self.interrupt(waits::timed_out(self.procedure.state()))).await,
         };
+        // Only what noted this step took its end as its time.
+        self.step_ended = None;
         if matches!(&self.locks, Ok(locks) if locks.hold() == Hold::PerStep) {
             self.release_locks();
         }
@@ -716,10 +723,12 @@ impl<E: Send + Sync + 'static> Runner<E> {
         self.envelope.trouble = None;
     }
 
-    /// Appends an entry to the stored history (written with the next write).
+    /// Appends an entry to the stored history (written with the next write), at the end
+    /// of the step that just ran if one did, else now.
     fn note(&mut self, state: &'static str, kind: StepKind, outcome: StepOutcome) {
         let keep = self.inner.config.history;
-        self.noted_ms = Some(self.envelope.note(state, kind, outcome, keep));
+        let at = self.step_ended.map_or_else(now_ms, wall_ms_at);
+        self.noted_ms = Some(self.envelope.note_at(state, kind, outcome, keep, at));
     }
 
     /// Which handler runs now: the rollback handler while rolling back.
@@ -765,7 +774,9 @@ impl<E: Send + Sync + 'static> Runner<E> {
             },
         };
         drop(permit);
-        self.step_seconds.record(started.elapsed().as_secs_f64());
+        let ended = Instant::now();
+        self.step_seconds.record((ended - started).as_secs_f64());
+        self.step_ended = Some(ended);
         let Some(outcome) = outcome else {
             tracing::warn!(state, "deadline passed while the step ran; step cancelled");
             self.inner.wake_log.end_step(start);
