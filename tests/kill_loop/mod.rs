@@ -61,10 +61,74 @@ pub fn kill_then_finish(
             }
         }
     }
-    let last = last().output().expect("the final run");
+    let last = run_bounded(last(), LAST_RUN_PATIENCE);
     Killed {
         kills: landed,
         elapsed: started.elapsed(),
         last,
+    }
+}
+
+/// How long the final run may take: it takes seconds, and one that never ends (a
+/// procedure the restarts stranded) must fail the test, not hold CI until its limit.
+const LAST_RUN_PATIENCE: Duration = Duration::from_secs(300);
+
+/// Runs `command` to its end, as [`Command::output`] does, reading its piped output
+/// meanwhile.
+///
+/// # Panics
+///
+/// If it runs longer than `patience`: it is killed, and its output shown.
+fn run_bounded(mut command: Command, patience: Duration) -> Output {
+    use std::io::Read;
+    let mut child = command.spawn().expect("start the final run");
+    // Read while it runs: a full pipe would stop it, and look like a hang.
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = drain(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("poll the final run") {
+            break Some(status);
+        }
+        if started.elapsed() > patience {
+            child.kill().expect("SIGKILL the final run");
+            child.wait().expect("reap the final run");
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = stdout.join().expect("the final run's stdout");
+    let stderr = stderr.join().expect("the final run's stderr");
+    let Some(status) = status else {
+        panic!(
+            "the final run did not end within {patience:?}: it hangs (a procedure the \
+             restarts left stranded?)\nstdout:\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&stdout),
+            String::from_utf8_lossy(&stderr)
+        );
+    };
+    Output {
+        status,
+        stdout,
+        stderr,
     }
 }
