@@ -57,6 +57,7 @@ mod mem;
 pub mod postgres;
 #[cfg(any(feature = "etcd", all(feature = "postgres", unix)))]
 mod server_log;
+mod slot;
 mod state;
 mod store;
 mod wal;
@@ -66,5 +67,6 @@ pub use bytes::Bytes;
 pub use error::StoreError;
 pub use local_port::free_local_port;
 pub use mem::MemStore;
+pub use slot::{CommitIn, CommitSlot};
 pub use store::{Batch, BoxFuture, Limits, Loaded, Op, ProcId, Record, RecordInfo, Store};
 pub use wal::{SyncMode, WalConfig, WalStats, WalStore};

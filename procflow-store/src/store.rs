@@ -3,8 +3,10 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use crate::error::StoreError;
+use crate::slot::{CommitIn, CommitSlot};
 use bytes::Bytes;
 
 /// A procedure's identifier, unique within one store.
@@ -284,6 +286,30 @@ pub trait Store: Send + Sync + 'static {
     /// [`StoreError::Poisoned`]) mean the batch may or may not be durable: only a later
     /// read can tell.
     fn commit(&self, batch: Batch) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// [`commit`](Self::commit) for a caller that commits one batch after another and
+    /// waits for each, such as a procedure's steps: the answer comes back through
+    /// `slot`, made once for all of them, so a commit allocates nothing for it, and the
+    /// batch's op list is kept in the slot for the next one ([`CommitSlot::batch`]).
+    /// A slot serves one commit at a time.
+    ///
+    /// The default commits with [`commit`](Self::commit). [`WalStore`](crate::WalStore)
+    /// queues the batch for its committer thread with the slot.
+    ///
+    /// # Errors
+    ///
+    /// As for [`commit`](Self::commit).
+    fn commit_in<'a>(&'a self, batch: Batch, slot: &'a Arc<CommitSlot>) -> CommitIn<'a> {
+        let _ = slot;
+        CommitIn::from_future(self.commit(batch))
+    }
+
+    /// Whether [`commit_in`](Self::commit_in) answers through its slot: if not (the
+    /// default), a caller need not make slots, and commits with
+    /// [`commit`](Self::commit).
+    fn uses_commit_slots(&self) -> bool {
+        false
+    }
 
     /// Everything: live and finished records, and all metadata.
     fn load(&self) -> BoxFuture<'_, Result<Loaded, StoreError>>;

@@ -51,13 +51,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
 use super::{Inner, Log, compaction, record};
 use crate::error::StoreError;
-use crate::store::{Batch, Limits, Op};
+use crate::slot::{Answer, CommitSlot, Leftovers};
+use crate::store::{Batch, Limits};
 
 /// The largest queue vector kept for the next group, in requests: one burst should not
 /// pin its size in memory for good.
@@ -83,42 +83,43 @@ pub(crate) enum Reply {
     /// Back to the caller of [`serve`]: a commit served inline, on the thread of the
     /// task that waits for it, needs no channel to it (nor the channel's allocation).
     Caller,
+    /// Into the slot the commit was queued with ([`Inner::commit_in`]).
+    Slot(SlotReply),
 }
 
-/// A request's outcome, and what its batch left for the committing task to free.
-pub(crate) struct Answer {
-    pub(crate) result: Result<(), StoreError>,
-    /// Dropped with the answer, on the thread that receives it.
-    _leftovers: Leftovers,
+/// The reply to a commit queued with a [`CommitSlot`]: dropped unanswered (the committer
+/// thread died, or the queue was stopped), it answers `Poisoned`, as a dropped channel
+/// does, so the commit does not wait forever.
+pub(crate) struct SlotReply {
+    slot: Option<Arc<CommitSlot>>,
+    ticket: u64,
 }
 
-impl Answer {
-    /// The answer of a commit its server failed to answer, which only a panic while
-    /// serving can cause: that poisoned the store.
-    fn poisoned() -> Self {
-        Answer {
-            result: Err(StoreError::Poisoned),
-            _leftovers: Leftovers::default(),
+impl SlotReply {
+    pub(crate) fn new(slot: Arc<CommitSlot>, ticket: u64) -> Self {
+        SlotReply {
+            slot: Some(slot),
+            ticket,
         }
+    }
+
+    fn send(mut self, answer: Answer) {
+        if let Some(slot) = self.slot.take() {
+            slot.answer(self.ticket, answer);
+        }
+    }
+
+    /// Drops the reply without answering: its commit was never queued, and its caller
+    /// is told why.
+    pub(crate) fn defuse(mut self) {
+        self.slot = None;
     }
 }
 
-/// What a written batch leaves behind: its op buffer, emptied, and the values its
-/// changes replaced or removed. The committing task frees them, not the committer
-/// thread (the module's docs say why).
-#[derive(Default)]
-struct Leftovers {
-    _ops: Vec<Op>,
-    /// A step replaces one value; a batch rarely more than two.
-    values: [Option<Bytes>; 2],
-    more: Vec<Bytes>,
-}
-
-impl Leftovers {
-    fn keep(&mut self, value: Bytes) {
-        match self.values.iter_mut().find(|slot| slot.is_none()) {
-            Some(slot) => *slot = Some(value),
-            None => self.more.push(value),
+impl Drop for SlotReply {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            slot.answer(self.ticket, Answer::poisoned());
         }
     }
 }
@@ -313,13 +314,13 @@ fn serve(inner: &Inner, group: impl ExactSizeIterator<Item = Request>) -> Option
                 Request::Commit(batch, reply) => {
                     match write(inner, &mut log, batch) {
                         Ok(leftovers) => written.push((reply, leftovers)),
-                        Err(Fault::Refused(e)) => answer(reply, Err(e), &mut here),
+                        Err(Fault::Refused(e)) => answer(inner, reply, Err(e), &mut here),
                         Err(Fault::Io(e)) => {
                             // The record may be half on disk: nothing more is written
                             // (the store is poisoned, so `write` refuses the rest of the
                             // group). Every later request is still answered: a dropped
                             // reply would leave its commit to guess what happened.
-                            answer(reply, Err(e), &mut here);
+                            answer(inner, reply, Err(e), &mut here);
                             outcome = Err(StoreError::Poisoned);
                         }
                     }
@@ -381,7 +382,7 @@ fn write(inner: &Inner, log: &mut Log, batch: Batch) -> Result<Leftovers, Fault>
         .map_err(|e| Fault::Io(inner.poison(e)))?;
     log.state.observe_token(prepared.fencing_token);
     let mut leftovers = Leftovers {
-        _ops: prepared.spent,
+        ops: prepared.spent,
         ..Leftovers::default()
     };
     for change in prepared.changes {
@@ -429,7 +430,7 @@ fn finish(
             None if failed => Err(StoreError::Poisoned),
             None => Ok(()),
         };
-        send(reply, result, leftovers, here);
+        send(inner, reply, result, leftovers, here);
     }
     if let Some(reply) = close {
         let result = if inner.is_poisoned() {
@@ -441,25 +442,28 @@ fn finish(
         };
         drop(inner.lock_log().lock.take());
         inner.queue.stop();
-        answer(Reply::Channel(reply), result, here);
+        answer(inner, Reply::Channel(reply), result, here);
     }
 }
 
-fn answer(reply: Reply, result: Result<(), StoreError>, here: &mut Option<Answer>) {
-    send(reply, result, Leftovers::default(), here);
+fn answer(inner: &Inner, reply: Reply, result: Result<(), StoreError>, here: &mut Option<Answer>) {
+    send(inner, reply, result, Leftovers::default(), here);
 }
 
 fn send(
+    inner: &Inner,
     reply: Reply,
     result: Result<(), StoreError>,
     leftovers: Leftovers,
     here: &mut Option<Answer>,
 ) {
-    let answer = Answer {
-        result,
-        _leftovers: leftovers,
-    };
+    let answer = Answer::new(result, leftovers);
     match reply {
+        // Its wait holds no count of its own (see `Inner::commit_in`).
+        Reply::Slot(reply) => {
+            inner.in_flight.fetch_sub(1, Ordering::AcqRel);
+            reply.send(answer);
+        }
         // The committer may have given up waiting (a dropped future): nothing to tell,
         // and the leftovers are freed here.
         Reply::Channel(channel) => {
@@ -472,6 +476,7 @@ fn send(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::slot::CommitIn;
     use crate::{Store, SyncMode, WalConfig, WalStore};
 
     /// Commits `batch` through the queue, as a commit that is not alone does, and
@@ -495,7 +500,7 @@ mod tests {
         };
         let store = WalStore::open(dir.path(), config).unwrap();
         let kept = |answer: &Answer| -> Vec<Vec<u8>> {
-            let leftovers = &answer._leftovers;
+            let leftovers = &answer.leftovers;
             let inline = leftovers.values.iter().flatten();
             inline.chain(&leftovers.more).map(|b| b.to_vec()).collect()
         };
@@ -503,9 +508,9 @@ mod tests {
         let first = answer_of(&store, Batch::new().put(1, None, vec![1; 8])).await;
         assert!(first.result.is_ok());
         assert!(kept(&first).is_empty(), "a new record replaces nothing");
-        assert!(first._leftovers._ops.is_empty());
+        assert!(first.leftovers.ops.is_empty());
         assert!(
-            first._leftovers._ops.capacity() >= 1,
+            first.leftovers.ops.capacity() >= 1,
             "the op buffer came back"
         );
 
@@ -520,6 +525,44 @@ mod tests {
 
         let third = answer_of(&store, Batch::new().delete(1).delete(7)).await;
         assert_eq!(kept(&third), [vec![2; 8]]);
+        store.close().await.unwrap();
+    }
+
+    /// A commit queued with a slot is answered there, and hands its op list back for
+    /// the next batch; one whose reply is dropped unanswered (the committer thread died,
+    /// or the queue was cleared) learns that the store is poisoned.
+    #[tokio::test]
+    async fn a_slot_gets_its_answer_or_learns_of_a_dropped_reply() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = WalConfig {
+            sync: SyncMode::NoSync,
+            ..WalConfig::default()
+        };
+        let store = WalStore::open(dir.path(), config).unwrap();
+        let slot = Arc::new(CommitSlot::new());
+        for step in 0..3u8 {
+            let batch = slot.batch().put(1, None, vec![step; 8]);
+            let ticket = slot.next_ticket();
+            let reply = Reply::Slot(SlotReply::new(Arc::clone(&slot), ticket));
+            store.inner.in_flight.fetch_add(1, Ordering::AcqRel);
+            assert!(
+                store
+                    .inner
+                    .queue
+                    .push(Request::Commit(batch, reply))
+                    .is_ok()
+            );
+            CommitIn::in_slot(&slot, ticket).await.unwrap();
+            assert_eq!(store.inner.in_flight.load(Ordering::Acquire), 0);
+            assert!(slot.batch().ops.capacity() >= 1, "the op list came back");
+        }
+        let record = store.get(1).await.unwrap().unwrap();
+        assert_eq!(record.value, vec![2u8; 8]);
+
+        let ticket = slot.next_ticket();
+        drop(SlotReply::new(Arc::clone(&slot), ticket));
+        let answer = CommitIn::in_slot(&slot, ticket).await;
+        assert!(matches!(answer, Err(StoreError::Poisoned)), "{answer:?}");
         store.close().await.unwrap();
     }
 

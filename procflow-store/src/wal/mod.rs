@@ -26,11 +26,12 @@ use std::thread::JoinHandle;
 pub use config::{SyncMode, WalConfig};
 
 use self::arena::Kept;
-use self::committer::{Answer, Queue, Reply, Request};
+use self::committer::{Queue, Reply, Request, SlotReply};
 use self::compaction::LiveIndex;
 use self::writer::Writer;
 use crate::error::StoreError;
 use crate::io::{DirLock, FsBackend, IoBackend};
+use crate::slot::{Answer, CommitIn, CommitSlot};
 use crate::state::State;
 use crate::store::{
     Batch, BoxFuture, Limits, Loaded, Op, ProcId, Record, RecordInfo, Store, with_prefix,
@@ -342,6 +343,38 @@ impl Inner {
             .await
     }
 
+    /// [`commit`](Self::commit) with the answer coming back through `slot`: queued for
+    /// the committer thread with no future of its own to box and no channel to
+    /// allocate (`slot.rs` says why that matters). A commit that may be alone takes
+    /// [`commit`](Self::commit)'s way instead, where it may be served inline or poll
+    /// for its answer.
+    fn commit_in<'a>(&'a self, mut batch: Batch, slot: &'a Arc<CommitSlot>) -> CommitIn<'a> {
+        if self.in_flight.load(Ordering::Acquire) == 0 && another_worker_runs() {
+            return CommitIn::from_future(Box::pin(self.commit(batch)));
+        }
+        fit_values(&mut batch);
+        // Counted until the committer thread answers (`committer::send`): the wait on
+        // the slot holds no count that its drop could give back too early or twice.
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let ticket = slot.next_ticket();
+        let reply = Reply::Slot(SlotReply::new(Arc::clone(slot), ticket));
+        match self.queue.push(Request::Commit(batch, reply)) {
+            Ok(()) => CommitIn::in_slot(slot, ticket),
+            Err(request) => {
+                self.in_flight.fetch_sub(1, Ordering::AcqRel);
+                if let Request::Commit(_, Reply::Slot(reply)) = request {
+                    reply.defuse();
+                }
+                let why = if self.is_poisoned() {
+                    StoreError::Poisoned
+                } else {
+                    StoreError::Closed
+                };
+                CommitIn::ready(Err(why))
+            }
+        }
+    }
+
     /// Asks the committer thread to close the store and waits for its answer.
     async fn close(&self) -> Result<(), StoreError> {
         let (reply, answer) = tokio::sync::oneshot::channel();
@@ -513,6 +546,14 @@ impl Store for WalStore {
         Box::pin(self.inner.commit(batch))
     }
 
+    fn commit_in<'a>(&'a self, batch: Batch, slot: &'a Arc<CommitSlot>) -> CommitIn<'a> {
+        self.inner.commit_in(batch, slot)
+    }
+
+    fn uses_commit_slots(&self) -> bool {
+        true
+    }
+
     fn load(&self) -> BoxFuture<'_, Result<Loaded, StoreError>> {
         blocking(&self.inner, |inner| Ok(inner.lock_log().state.load()))
     }
@@ -588,6 +629,56 @@ mod tests {
             store.get(1).await.unwrap().unwrap().value.len(),
             3 * writer::BUFFER_KEPT
         );
+    }
+
+    /// `commit_in` queues a commit with its slot when another commit is in flight (here,
+    /// one counted by hand), and takes the lone commit's way otherwise; either way the
+    /// batch is applied. A dropped wait leaves its commit to complete, and does not
+    /// answer the next commit of its slot. A closed store refuses it, counted out again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn commit_in_queues_with_its_slot_while_another_commit_is_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = WalStore::open(dir.path(), WalConfig::default()).unwrap();
+        let slot = Arc::new(CommitSlot::new());
+        let in_flight = || store.inner.in_flight.load(Ordering::Acquire);
+
+        store
+            .commit_in(slot.batch().put(1, None, vec![1]), &slot)
+            .await
+            .unwrap();
+        assert_eq!(
+            slot.batch().ops.capacity(),
+            0,
+            "alone, it took `commit`'s way"
+        );
+
+        store.inner.in_flight.fetch_add(1, Ordering::AcqRel);
+        store
+            .commit_in(slot.batch().put(1, None, vec![2]), &slot)
+            .await
+            .unwrap();
+        assert!(
+            slot.batch().ops.capacity() >= 1,
+            "queued, its op list came back"
+        );
+        assert_eq!(in_flight(), 1, "the queued commit was counted out");
+
+        let dropped = store.commit_in(slot.batch().put(2, None, vec![3]), &slot);
+        drop(dropped);
+        store
+            .commit_in(slot.batch().put(1, None, vec![4]), &slot)
+            .await
+            .unwrap();
+        assert_eq!(store.get(2).await.unwrap().unwrap().value, vec![3u8]);
+        assert_eq!(store.get(1).await.unwrap().unwrap().value, vec![4u8]);
+
+        store.close().await.unwrap();
+        let refused = store
+            .commit_in(slot.batch().put(1, None, vec![5]), &slot)
+            .await;
+        assert!(matches!(refused, Err(StoreError::Closed)), "{refused:?}");
+        assert_eq!(in_flight(), 1);
+        store.inner.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// Segments of 4 KiB, not synced: a few commits roll them and compact the first.

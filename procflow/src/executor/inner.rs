@@ -16,7 +16,7 @@ use crate::locks::LockTable;
 use crate::stored::record::NEXT_ID_KEY;
 use crate::{Error, ProcedureId};
 use futures_util::FutureExt;
-use procflow_store::{Batch, Op, Store, StoreError};
+use procflow_store::{Batch, CommitSlot, Op, Store, StoreError};
 use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, BinaryHeap, HashMap};
@@ -748,7 +748,21 @@ impl<E> Inner<E> {
         kind: WriteKind,
         batch: Batch,
     ) -> Result<(), ExecutorError> {
-        self.commit_outcome(procedure, kind, batch)
+        self.commit_outcome(procedure, kind, batch, None)
+            .await
+            .map_err(|failed| failed.error)
+    }
+
+    /// [`commit`](Self::commit) with the store's answer coming back through `slot`
+    /// ([`Store::commit_in`]): a procedure's steps, one commit at a time.
+    pub(crate) async fn commit_in(
+        &self,
+        procedure: u64,
+        kind: WriteKind,
+        batch: Batch,
+        slot: &Arc<CommitSlot>,
+    ) -> Result<(), ExecutorError> {
+        self.commit_outcome(procedure, kind, batch, Some(slot))
             .await
             .map_err(|failed| failed.error)
     }
@@ -760,6 +774,7 @@ impl<E> Inner<E> {
         procedure: u64,
         kind: WriteKind,
         batch: Batch,
+        slot: Option<&Arc<CommitSlot>>,
     ) -> Result<(), CommitFailure> {
         let refused = |error| CommitFailure {
             error,
@@ -785,7 +800,11 @@ impl<E> Inner<E> {
             fencing_token: self.fencing_token,
             ..batch
         };
-        match self.store.commit(batch).await {
+        let committed = match slot {
+            Some(slot) => self.store.commit_in(batch, slot).await,
+            None => self.store.commit(batch).await,
+        };
+        match committed {
             Ok(()) => {}
             // A refused batch changed nothing: only its procedure (or request) is affected.
             Err(error @ (StoreError::TooLarge { .. } | StoreError::MetaExists { .. })) => {

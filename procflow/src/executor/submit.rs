@@ -118,7 +118,10 @@ async fn persist<E: Send + Sync + 'static>(
         batch = batch.put_meta(format!("{NONCE_PREFIX}{nonce}"), id.to_le_bytes().to_vec());
     }
     let batch = batch.put(id, None, value);
-    if let Err(failed) = inner.commit_outcome(id, WriteKind::Submit, batch).await {
+    if let Err(failed) = inner
+        .commit_outcome(id, WriteKind::Submit, batch, None)
+        .await
+    {
         inner.live_roots.fetch_sub(1, Ordering::AcqRel);
         let error = if failed.may_have_applied {
             SubmitError::MaybeStored {

@@ -29,7 +29,7 @@ use crate::stored::record::{Envelope, Trouble, Wait, now_ms};
 use crate::{Context, Error, Phase, ProcedureId};
 use dormant::Reload;
 use futures_util::FutureExt;
-use procflow_store::{Batch, Bytes};
+use procflow_store::{Batch, Bytes, CommitSlot};
 use std::cell::Cell;
 use std::collections::hash_map;
 use std::panic::AssertUnwindSafe;
@@ -273,6 +273,7 @@ impl<E: Send + Sync + 'static> Runner<E> {
             noted_ms: None,
             step_ended: None,
             published_running: Cell::new(false),
+            slot: None,
         }
     }
 }
@@ -521,6 +522,9 @@ struct Runner<E> {
     /// A newer build wrote its record (see [`Launch::newer`]): it is stuck, and this build
     /// writes nothing of it.
     newer: Option<Box<str>>,
+    /// Where the store's answers to its writes come back ([`Store::commit_in`]), made at
+    /// its first write: a step's commit then allocates nothing for its answer.
+    slot: Option<Arc<CommitSlot>>,
 }
 
 impl<E: Send + Sync + 'static> Runner<E> {
@@ -950,13 +954,29 @@ impl<E: Send + Sync + 'static> Runner<E> {
     /// Stores the procedure's record.
     async fn store(&mut self, kind: WriteKind) -> Result<(), Exit> {
         let value = self.encode().await?;
-        self.commit(kind, Batch::new().put(self.id, self.parent, value))
+        let batch = self.slot().map_or_else(Batch::new, |slot| slot.batch());
+        self.commit(kind, batch.put(self.id, self.parent, value))
             .await
+    }
+
+    /// The procedure's commit slot, made on first use, if its store answers in slots.
+    fn slot(&mut self) -> Option<&Arc<CommitSlot>> {
+        if self.slot.is_none() && self.inner.store.uses_commit_slots() {
+            self.slot = Some(Arc::default());
+        }
+        self.slot.as_ref()
     }
 
     // `&mut self`: a shared `&Runner` is not `Send` (the boxed procedure is not `Sync`).
     async fn commit(&mut self, kind: WriteKind, batch: Batch) -> Result<(), Exit> {
-        match self.inner.commit(self.id, kind, batch).await {
+        // The slot borrowed, not cloned: a clone's count would cross between the cores
+        // each step (the store holds a clone while the commit is queued).
+        self.slot();
+        let committed = match &self.slot {
+            Some(slot) => self.inner.commit_in(self.id, kind, batch, slot).await,
+            None => self.inner.commit(self.id, kind, batch).await,
+        };
+        match committed {
             Ok(()) => Ok(()),
             Err(ExecutorError::Rejected(error)) => {
                 self.reload_after_refusal(format!("the store refused it: {error}"))
