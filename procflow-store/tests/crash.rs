@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use common::{Env, prefix_states, workload};
 use procflow_store::io::{FaultBackend, IoBackend, SimBackend};
-use procflow_store::{Batch, Loaded, Store, StoreError, SyncMode, WalConfig, WalStore};
+use procflow_store::{Batch, CommitSlot, Loaded, Store, StoreError, SyncMode, WalConfig, WalStore};
 
 fn config() -> WalConfig {
     // Small segments, so crashes also hit segment rolls and compaction.
@@ -159,46 +159,81 @@ fn env_files(sim: &SimBackend) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// Half the writers commit with `commit`, half with `commit_in` and a slot each (as the
+/// executor's procedures do), so that commits queued with slots are among those a crash
+/// cuts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writers_survive_crashes() {
     const WRITERS: u64 = 8;
     const PER_WRITER: u64 = 6;
+    // The acknowledged ids, and how many commits the slots answered.
     let workload = |store: Arc<WalStore>| async move {
+        // Each round's commits start together, so that they overlap and queue.
+        let start = Arc::new(tokio::sync::Barrier::new(WRITERS as usize));
         let tasks: Vec<_> = (0..WRITERS)
             .map(|w| {
                 let store = store.clone();
+                let start = start.clone();
                 tokio::spawn(async move {
+                    let slot = (w % 2 == 1).then(|| Arc::new(CommitSlot::new()));
                     let mut acked = Vec::new();
+                    let mut in_slot = 0;
+                    let mut failed = false;
                     for i in 0..PER_WRITER {
+                        // A writer whose commit failed still meets the others here.
+                        start.wait().await;
+                        if failed {
+                            continue;
+                        }
                         let id = w * 100 + i;
-                        let batch = Batch::new().put(id, None, vec![w as u8; 50]).put(
+                        let batch = slot.as_ref().map_or_else(Batch::new, |s| s.batch());
+                        // An op list handed back: the last commit was queued with the slot.
+                        in_slot += usize::from(batch.ops.capacity() > 0);
+                        let batch = batch.put(id, None, vec![w as u8; 50]).put(
                             id + 1_000_000,
                             Some(id),
                             vec![i as u8; 50],
                         );
-                        if store.commit(batch).await.is_err() {
-                            break;
+                        let committed = match &slot {
+                            Some(slot) => store.commit_in(batch, slot).await,
+                            None => store.commit(batch).await,
+                        };
+                        if committed.is_err() {
+                            failed = true;
+                            continue;
                         }
                         acked.push(id);
                     }
-                    acked
+                    (acked, in_slot)
                 })
             })
             .collect();
         let mut acked = BTreeSet::new();
+        let mut in_slot = 0;
         for task in tasks {
-            acked.extend(task.await.unwrap());
+            let (ids, slotted) = task.await.unwrap();
+            acked.extend(ids);
+            in_slot += slotted;
         }
-        acked
+        (acked, in_slot)
     };
+    // Syncs that take a while: a commit served inline holds its thread through one, and
+    // the commits of the other thread meanwhile queue.
+    let slow = |sim: &SimBackend| sim.set_sync_delay(std::time::Duration::from_micros(300));
     let counting = Env::sim();
-    workload(Arc::new(counting.open(config()).unwrap())).await;
+    slow(counting.sim_backend());
+    let (_, mut in_slot) = workload(Arc::new(counting.open(config()).unwrap())).await;
     let syncs = counting.sim_backend().sync_count();
     // Concurrency makes the sync count vary between runs; crash at each count seen once.
     for n in 1..=syncs {
         let env = Env::on_sim(SimBackend::crash_at_sync(n));
+        slow(env.sim_backend());
         let acked = match env.open(config()) {
-            Ok(store) => workload(Arc::new(store)).await,
+            Ok(store) => {
+                let (acked, slotted) = workload(Arc::new(store)).await;
+                in_slot += slotted;
+                acked
+            }
             Err(_) => BTreeSet::new(),
         };
         let image = Env::on_sim(env.sim_backend().crash_image());
@@ -218,6 +253,7 @@ async fn concurrent_writers_survive_crashes() {
         }
         assert_eq!(ids.len() % 2, 0, "crash at sync {n}: half a batch");
     }
+    assert!(in_slot > 0, "no commit was queued with its slot in any run");
 }
 
 #[tokio::test]
