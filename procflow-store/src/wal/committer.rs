@@ -1,7 +1,9 @@
 //! The committer: one thread per store that turns queued batches into durable records.
 //!
 //! [`Store::commit`](crate::Store::commit) puts its batch on the [`Queue`] with a
-//! oneshot reply and awaits the reply. The thread takes everything queued, appends each
+//! oneshot reply and awaits the reply; [`Store::commit_in`](crate::Store::commit_in)
+//! puts it there with the caller's [`CommitSlot`] and awaits the answer in the slot
+//! (`slot.rs` says why). The thread takes everything queued, appends each
 //! batch as one record (prepared in queue order, so a batch sees every batch before it),
 //! makes the whole group durable with one `fdatasync` and then answers every commit of
 //! the group. Commits that arrive during that fsync form the next group: that is the
