@@ -48,7 +48,7 @@ async fn clean<E>(inner: &Inner<E>) -> Result<(), super::ExecutorError> {
                 batch = batch.delete_meta(format!("{NONCE_PREFIX}{nonce}"));
             }
         }
-        inner.commit(0, WriteKind::Cleanup, batch).await?;
+        inner.commit(0, WriteKind::Cleanup, batch, None).await?;
         let mut table = inner.table();
         for (id, nonce) in chunk {
             table.remove(*id);

@@ -742,27 +742,17 @@ impl<E> Inner<E> {
     ///
     /// The reason the executor halted: killed here or earlier, or this store write failed
     /// (which halts the executor).
+    ///
+    /// With a `slot`, the store's answer comes back through it ([`Store::commit_in`]): a
+    /// procedure's steps, one commit at a time.
     pub(crate) async fn commit(
         &self,
         procedure: u64,
         kind: WriteKind,
         batch: Batch,
+        slot: Option<&Arc<CommitSlot>>,
     ) -> Result<(), ExecutorError> {
-        self.commit_outcome(procedure, kind, batch, None)
-            .await
-            .map_err(|failed| failed.error)
-    }
-
-    /// [`commit`](Self::commit) with the store's answer coming back through `slot`
-    /// ([`Store::commit_in`]): a procedure's steps, one commit at a time.
-    pub(crate) async fn commit_in(
-        &self,
-        procedure: u64,
-        kind: WriteKind,
-        batch: Batch,
-        slot: &Arc<CommitSlot>,
-    ) -> Result<(), ExecutorError> {
-        self.commit_outcome(procedure, kind, batch, Some(slot))
+        self.commit_outcome(procedure, kind, batch, slot)
             .await
             .map_err(|failed| failed.error)
     }

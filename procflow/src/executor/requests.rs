@@ -90,7 +90,10 @@ impl<E: Send + Sync + 'static> Executor<E> {
             let (key, stored) = request.store();
             // Seen before it is stored: the poll must not hand it over a second time.
             self.inner.requests_seen().insert(key.clone(), false);
-            let committed = self.inner.commit(target, WriteKind::Request, stored).await;
+            let committed = self
+                .inner
+                .commit(target, WriteKind::Request, stored, None)
+                .await;
             match committed {
                 Ok(()) => break key,
                 Err(error) => {
@@ -257,7 +260,12 @@ async fn settle_and_delete<E: Send + Sync + 'static>(
         tracing::warn!(key, "operator request names an unknown procedure; dropped");
     }
     inner
-        .commit(target, WriteKind::Request, Batch::new().delete_meta(key))
+        .commit(
+            target,
+            WriteKind::Request,
+            Batch::new().delete_meta(key),
+            None,
+        )
         .await?;
     tracing::info!(action = ?request.action, by = %request.by, reason = %request.reason, ?handled, "operator request done");
     Ok(handled)

@@ -969,13 +969,12 @@ impl<E: Send + Sync + 'static> Runner<E> {
 
     // `&mut self`: a shared `&Runner` is not `Send` (the boxed procedure is not `Sync`).
     async fn commit(&mut self, kind: WriteKind, batch: Batch) -> Result<(), Exit> {
+        self.slot();
         // The slot borrowed, not cloned: a clone's count would cross between the cores
         // each step (the store holds a clone while the commit is queued).
-        self.slot();
-        let committed = match &self.slot {
-            Some(slot) => self.inner.commit_in(self.id, kind, batch, slot).await,
-            None => self.inner.commit(self.id, kind, batch).await,
-        };
+        let committed = (self.inner)
+            .commit(self.id, kind, batch, self.slot.as_ref())
+            .await;
         match committed {
             Ok(()) => Ok(()),
             Err(ExecutorError::Rejected(error)) => {
