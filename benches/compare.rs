@@ -32,7 +32,10 @@
 //! the WAL with `SyncMode::NoSync`;
 //! `hand:256` is the hand loop persisting to
 //! a `MemStore` (workload 4's second baseline), `hand-wal:256` the same loop on the
-//! durable WAL (without its yields: a commit there suspends already); `raw:1` is the raw
+//! durable WAL (without its yields: a commit there suspends already); `batch-wal:1024` runs
+//! one step of each of its procedures per round and commits the round's steps as one batch,
+//! one task per worker (`compare/hand_batch.rs`), `batch-mem:1024` the same on a `MemStore`;
+//! `raw:1` is the raw
 //! write+fdatasync loop with records of a step's size. `-- --cell single:R` runs
 //! workload 1 alone, interleaved in R rounds over the cell's time; `-- --cell gap:G`
 //! runs the raw loop into preallocated space against the same loop kept busy for G microseconds after each
@@ -50,15 +53,17 @@
 //! procedures whose handler never returns, each keeping its task: `compare/in_flight.rs`).
 //! `-- --cell-ms MS` sets every cell's time (for a run under valgrind).
 //! `-- --threads` with a rate cell (`store`, `wal`, `nosync`, `mem`, `yield`, `answered`,
-//! `hand`) also prints, per thread name, the CPUs it kept busy and its CPU time and
-//! scheduler delay per step over the cell's middle half (`compare/threads.rs`).
+//! `hand`, `hand-wal`, `batch-wal`, `batch-mem`) also prints, per thread name, the CPUs it
+//! kept busy and its CPU time and scheduler delay per step over the cell's middle half
+//! (`compare/threads.rs`).
 //! `-- --history N` runs every workload with `Config::history = N` (default 32), to
 //! measure what the step history costs; `-- --max-running N` with
 //! `Config::max_running = N` (default 10,000), to measure a smaller set of procedures
 //! running at once; `-- --retention-ms MS` with finished procedures kept MS ms (default
 //! 15 minutes). The hand loops on a store (`hand`, `hand-wal`) take `-- --pad BYTES`
 //! (bytes added to every value) and `-- --keep-finished` (records finished, not deleted),
-//! to write as the executor does (`compare/hand_store.rs`). `-- --touch LINES` makes every
+//! to write as the executor does (`compare/hand_store.rs`); the rounds (`batch-wal`,
+//! `batch-mem`) take `--pad` alone. `-- --touch LINES` makes every
 //! step of the ten-step machine (the executor's and the hand loops') walk LINES cache
 //! lines of the procedure's own memory as a chain, to measure what a line a step finds
 //! cold costs (`compare/machine.rs`).
@@ -106,6 +111,8 @@ mod gap;
 #[cfg(any(feature = "etcd", feature = "postgres"))]
 #[path = "compare/group.rs"]
 mod group;
+#[path = "compare/hand_batch.rs"]
+mod hand_batch;
 #[path = "compare/hand_redb.rs"]
 mod hand_redb;
 #[path = "compare/hand_store.rs"]
@@ -393,7 +400,16 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
     let window = (std::env::args().any(|arg| arg == "--threads")
         && matches!(
             kind,
-            "store" | "wal" | "nosync" | "mem" | "yield" | "answered" | "hand" | "hand-wal"
+            "store"
+                | "wal"
+                | "nosync"
+                | "mem"
+                | "yield"
+                | "answered"
+                | "hand"
+                | "hand-wal"
+                | "batch-wal"
+                | "batch-mem"
         ))
     .then(|| threads::Window::start(plan.cell));
     #[cfg(feature = "alloc-sim")]
@@ -424,7 +440,10 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
                 // How large the groups were: what one `fdatasync` is shared by.
                 let stats = wal.stats();
                 let per_sync = stats.commits as f64 / stats.group_syncs.max(1) as f64;
-                println!("{cell}: {per_sync:.1} commits per sync");
+                let steps_per_sync = rate.steps as f64 / stats.group_syncs.max(1) as f64;
+                println!(
+                    "{cell}: {per_sync:.1} commits per sync, {steps_per_sync:.0} steps per sync"
+                );
             }
             rate.steps_per_sec()
         }),
@@ -433,6 +452,21 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             hand_store::closed_loop_on_store(store, clients, plan.cell)
                 .await
                 .steps_per_sec()
+        }),
+        "batch-wal" | "batch-mem" => runtime.block_on(async {
+            let wal = (kind == "batch-wal")
+                .then(|| Arc::new(WalStore::open(&dir, WalConfig::default()).expect("open WAL")));
+            let store: Arc<dyn Store> = match &wal {
+                Some(wal) => wal.clone(),
+                None => Arc::new(MemStore::new()),
+            };
+            let (steps, rate) = hand_batch::rounds_on_store(store, clients, plan.cell).await;
+            if let Some(wal) = wal {
+                // Set beside the executor's `wal` cell: how many steps one sync carries.
+                let per_sync = steps as f64 / wal.stats().group_syncs.max(1) as f64;
+                println!("{cell}: {per_sync:.0} steps per sync");
+            }
+            rate
         }),
         "hand-wal" => runtime.block_on(async {
             let store = WalStore::open(&dir, WalConfig::default()).expect("open WAL");
@@ -521,7 +555,7 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             return;
         }
         other => panic!(
-            "unknown cell kind {other}: store, wal, nosync, mem, yield, answered, hand, hand-wal, raw, single, gap, ahead, latency, restart, durable, overhead or in-flight"
+            "unknown cell kind {other}: store, wal, nosync, mem, yield, answered, hand, hand-wal, batch-wal, batch-mem, raw, single, gap, ahead, latency, restart, durable, overhead or in-flight"
         ),
     };
     println!("{cell}: {rate:.0}/s");
