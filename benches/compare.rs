@@ -62,8 +62,8 @@
 //! running at once; `-- --retention-ms MS` with finished procedures kept MS ms (default
 //! 15 minutes). The hand loops on a store (`hand`, `hand-wal`) take `-- --pad BYTES`
 //! (bytes added to every value) and `-- --keep-finished` (records finished, not deleted),
-//! to write as the executor does (`compare/hand_store.rs`); the rounds (`batch-wal`,
-//! `batch-mem`) take `--pad` alone. `-- --touch LINES` makes every
+//! to write as the executor does (`compare/hand_store.rs`); so do the rounds
+//! (`batch-wal`, `batch-mem`). `-- --touch LINES` makes every
 //! step of the ten-step machine (the executor's and the hand loops') walk LINES cache
 //! lines of the procedure's own memory as a chain, to measure what a line a step finds
 //! cold costs (`compare/machine.rs`).

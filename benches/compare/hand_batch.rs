@@ -12,7 +12,9 @@
 //! what the executor does around a step holds `wal1024_vs_mem` down: if this loop on the
 //! write-ahead log outruns the executor on a `MemStore`, the log is not the limit.
 //! `-- --pad BYTES` adds bytes to every value, to write as much as the executor's records
-//! (which carry the step history) do.
+//! (which carry the step history) do; `-- --keep-finished` finishes an ended procedure's
+//! record (`Op::Finish`, kept for good) instead of deleting it, as the executor keeps
+//! finished procedures for `Config::retention`.
 
 use crate::machine::{Payload, TenSteps, encode};
 use procflow::prelude::*;
@@ -54,6 +56,7 @@ pub async fn rounds_on_store(
     duration: Duration,
 ) -> (u64, f64) {
     let pad = crate::flag_value("--pad", "--pad BYTES").unwrap_or(0);
+    let keep_finished = std::env::args().any(|arg| arg == "--keep-finished");
     let tasks = tokio::runtime::Handle::current()
         .metrics()
         .num_workers()
@@ -69,7 +72,7 @@ pub async fn rounds_on_store(
                 Arc::clone(&store),
                 first,
                 owned,
-                pad,
+                (pad, keep_finished),
                 deadline,
             ))
         })
@@ -81,12 +84,14 @@ pub async fn rounds_on_store(
     (steps, steps as f64 / start.elapsed().as_secs_f64())
 }
 
-/// One task's rounds over `owned` procedures numbered from `first`; returns its steps.
+/// One task's rounds over `owned` procedures numbered from `first`, each value `pad`
+/// bytes longer, ended procedures finished (`keep_finished`) or deleted; returns its
+/// steps.
 async fn rounds_of_one_task(
     store: Arc<dyn Store>,
     first: u64,
     owned: u64,
-    pad: usize,
+    (pad, keep_finished): (usize, bool),
     deadline: Instant,
 ) -> u64 {
     let env = Arc::new(());
@@ -115,7 +120,11 @@ async fn rounds_of_one_task(
             };
             steps += 1;
             if procedure.state.is_terminal() {
-                batch = batch.delete(procedure.id);
+                batch = if keep_finished {
+                    batch.finish(procedure.id, procedure.value(pad))
+                } else {
+                    batch.delete(procedure.id)
+                };
                 *procedure = fresh();
             }
             batch = batch.put(procedure.id, None, procedure.value(pad));
