@@ -49,7 +49,8 @@ impl Owned {
 }
 
 /// Runs `clients` procedures for `duration` in rounds, one task per worker thread of
-/// the runtime; returns the steps taken and the steps per second.
+/// the runtime (fewer if there are fewer procedures); returns the steps taken and the
+/// steps per second.
 pub async fn rounds_on_store(
     store: Arc<dyn Store>,
     clients: u64,
@@ -57,10 +58,13 @@ pub async fn rounds_on_store(
 ) -> (u64, f64) {
     let pad = crate::flag_value("--pad", "--pad BYTES").unwrap_or(0);
     let keep_finished = std::env::args().any(|arg| arg == "--keep-finished");
-    let tasks = tokio::runtime::Handle::current()
-        .metrics()
-        .num_workers()
-        .max(1) as u64;
+    assert!(
+        clients > 0,
+        "--cell batch-wal:N and batch-mem:N need N of 1 or more"
+    );
+    // No task without a procedure: it would commit empty batches in a busy loop.
+    let workers = tokio::runtime::Handle::current().metrics().num_workers() as u64;
+    let tasks = workers.min(clients).max(1);
     let start = Instant::now();
     let deadline = start + duration;
     let rounds: Vec<_> = (0..tasks)
