@@ -479,7 +479,8 @@ fn send(
 mod tests {
     use super::*;
     use crate::slot::CommitIn;
-    use crate::{Store, SyncMode, WalConfig, WalStore};
+    use crate::wal::open_unsynced;
+    use crate::{Store, WalStore};
 
     /// Commits `batch` through the queue, as a commit that is not alone does, and
     /// returns the whole answer.
@@ -496,11 +497,7 @@ mod tests {
     #[tokio::test]
     async fn the_answer_carries_what_the_batch_replaced() {
         let dir = tempfile::tempdir().unwrap();
-        let config = WalConfig {
-            sync: SyncMode::NoSync,
-            ..WalConfig::default()
-        };
-        let store = WalStore::open(dir.path(), config).unwrap();
+        let store = open_unsynced(dir.path());
         let kept = |answer: &Answer| -> Vec<Vec<u8>> {
             let leftovers = &answer.leftovers;
             let inline = leftovers.values.iter().flatten();
@@ -536,11 +533,7 @@ mod tests {
     #[tokio::test]
     async fn a_slot_gets_its_answer_or_learns_of_a_dropped_reply() {
         let dir = tempfile::tempdir().unwrap();
-        let config = WalConfig {
-            sync: SyncMode::NoSync,
-            ..WalConfig::default()
-        };
-        let store = WalStore::open(dir.path(), config).unwrap();
+        let store = open_unsynced(dir.path());
         let slot = Arc::new(CommitSlot::new());
         for step in 0..3u8 {
             let batch = slot.batch().put(1, None, vec![step; 8]);

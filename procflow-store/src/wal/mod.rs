@@ -582,6 +582,16 @@ impl Store for WalStore {
     }
 }
 
+/// A store in `dir` that never syncs, for the tests whose subject is not durability.
+#[cfg(test)]
+pub(crate) fn open_unsynced(dir: &Path) -> WalStore {
+    let config = WalConfig {
+        sync: SyncMode::NoSync,
+        ..WalConfig::default()
+    };
+    WalStore::open(dir, config).unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -605,11 +615,7 @@ mod tests {
     #[tokio::test]
     async fn a_large_record_does_not_pin_the_writers_buffer() {
         let dir = tempfile::tempdir().unwrap();
-        let config = WalConfig {
-            sync: SyncMode::NoSync,
-            ..WalConfig::default()
-        };
-        let store = WalStore::open(dir.path(), config).unwrap();
+        let store = open_unsynced(dir.path());
         let large = vec![7; 3 * writer::BUFFER_KEPT];
         store
             .commit(Batch::new().put(1, None, large))
