@@ -43,7 +43,7 @@
 //! `-- --cell ahead:S` the raw loop of S-byte records into space written with zeros ahead
 //! (as the WAL allocates it) against the same into `fallocate`d space, taking turns;
 //! `-- --cell latency:0` the time of a dependent load by working-set size (what a cache
-//! miss costs here: `compare/latency.rs`).
+//! miss costs here: `compare/latency.rs`), and of a cache line handed between two threads.
 //! `-- --cell durable:1024` measures `wal1024_vs_mem`
 //! alone, `-- --cell overhead:N` `mem_vs_loop` at N clients (the summary's is at 256),
 //! each with its two sides taking turns as in the full run. `-- --cell restart:N` builds workload 6's log of N
@@ -530,6 +530,10 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
                     bytes >> 10
                 );
             }
+            println!(
+                "latency: a cache line written on one thread, read on another: {:.1} ns one way",
+                latency::transfer_ns()
+            );
             return;
         }
         "durable" => {
