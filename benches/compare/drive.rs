@@ -220,11 +220,11 @@ pub fn config() -> Config {
     config
 }
 
-/// Whether `--retention-ms` was given: finished procedures may then be gone before a
-/// client waits for them.
+/// Whether the cells keep finished procedures for less than the default retention
+/// (`--retention-ms`): they may then be gone before a client waits for them.
 fn short_retention() -> bool {
-    static GIVEN: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *GIVEN.get_or_init(|| std::env::args().any(|arg| arg == "--retention-ms"))
+    static SHORT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SHORT.get_or_init(|| config().retention < Config::default().retention)
 }
 
 /// An executor on `store` that runs the ten-step machine.
