@@ -37,6 +37,9 @@ on_both_stores! {
     timeout_fails_a_stuck_procedure => timeout_fails_a_stuck_procedure;
     finished_procedures_are_removed_after_retention => finished_procedures_are_removed_after_retention;
     procedures_ended_before_a_restart_are_removed_after_retention => procedures_ended_before_a_restart_are_removed_after_retention;
+    past_the_retention_limit_the_first_ended_are_removed => past_the_retention_limit_the_first_ended_are_removed;
+    a_restart_past_the_retention_limit_removes_the_first_ended => a_restart_past_the_retention_limit_removes_the_first_ended;
+    killed_at_a_cleanup_for_the_limit_nothing_live_is_lost => killed_at_a_cleanup_for_the_limit_nothing_live_is_lost;
     queue_full_is_an_error_not_memory => queue_full_is_an_error_not_memory;
     abort_of_a_queued_procedure_does_not_wait_for_a_slot => abort_of_a_queued_procedure_does_not_wait_for_a_slot;
     shutdown_finishes_the_step_in_flight_and_resumes_later => shutdown_finishes_the_step_in_flight_and_resumes_later;
@@ -646,6 +649,137 @@ async fn procedures_ended_before_a_restart_are_removed_after_retention(store: Te
     assert_eq!(executor.list(), [], "both removed after retention");
     assert!(store.store.load().await.unwrap().records.is_empty());
     executor.shutdown().bounded().await.unwrap();
+}
+
+/// Retention that never comes within a test, and a cleanup interval as long: only
+/// `Config::retention_limit` deletes.
+fn limited_to(limit: usize) -> Config {
+    Config {
+        retention: Duration::from_secs(3600),
+        cleanup_interval: Duration::from_secs(3600),
+        retention_limit: limit,
+        ..test_config()
+    }
+}
+
+/// Runs procedures named `names` one after the other, each to its end.
+async fn run_each(executor: &Executor<Ledger>, names: &[&str]) -> Vec<ProcedureId> {
+    let mut ids = Vec::new();
+    for name in names {
+        let id = executor.submit(Counter::named(name)).await.unwrap();
+        assert_eq!(
+            executor.wait(id).bounded().await.unwrap(),
+            Outcome::Succeeded
+        );
+        ids.push(id);
+    }
+    ids
+}
+
+/// Waits until the executor lists exactly `ids` (in id order), and checks the store
+/// holds exactly their records.
+async fn until_only(executor: &Executor<Ledger>, store: &TestStore, ids: &[ProcedureId]) {
+    let listed = || executor.list().iter().map(|i| i.id).collect::<Vec<_>>();
+    for _ in 0..250 {
+        if listed() == ids {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(listed(), ids);
+    let mut stored: Vec<_> = (store.store.load().await.unwrap().records)
+        .iter()
+        .map(|r| ProcedureId::new(r.id))
+        .collect();
+    stored.sort();
+    assert_eq!(stored, ids, "the store holds what the executor lists");
+}
+
+/// Past `Config::retention_limit` the procedures that ended first are deleted, long
+/// before their retention, and without waiting for the cleanup's interval.
+async fn past_the_retention_limit_the_first_ended_are_removed(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start_with(&store, &ledger, limited_to(3)).await;
+    let ids = run_each(&executor, &["a", "b", "c", "d", "e", "f"]).await;
+    until_only(&executor, &store, &ids[3..]).await;
+    let gone = executor.wait(ids[0]).await;
+    assert!(
+        matches!(gone, Err(ExecutorError::NotFound(id)) if id == ids[0]),
+        "gone as after its retention: {gone:?}"
+    );
+    executor.shutdown().bounded().await.unwrap();
+}
+
+/// A restart that loads more ended procedures than the limit deletes the first ended at
+/// once: it does not wait for the cleanup's interval, nor for another to end.
+async fn a_restart_past_the_retention_limit_removes_the_first_ended(store: TestStore) {
+    let ledger = Ledger::default();
+    let executor = start(&store, &ledger).await;
+    let ids = run_each(&executor, &["a", "b", "c", "d", "e"]).await;
+    executor.shutdown().bounded().await.unwrap();
+    let store = store.reopen();
+    let executor = start_with(&store, &ledger, limited_to(2)).await;
+    until_only(&executor, &store, &ids[3..]).await;
+    executor.shutdown().bounded().await.unwrap();
+}
+
+/// Killed at a cleanup for the limit, before or after its delete is stored, the executor
+/// loses nothing live: the suspended procedure comes back and ends, and the restart
+/// deletes down to the limit the ended ones the killed cleanup left.
+async fn killed_at_a_cleanup_for_the_limit_nothing_live_is_lost(mut store: TestStore) {
+    for point in [WritePoint::Before, WritePoint::After] {
+        let ledger = Ledger::default();
+        let suspended = Counter {
+            suspend_at: Some(1),
+            ..Counter::named("live")
+        };
+        let executor = store
+            .builder(&ledger)
+            .register::<CounterState>()
+            .config(limited_to(2))
+            .kill_hook(move |write: &procflow::executor::StoreWrite| {
+                write.kind == WriteKind::Cleanup && write.point == point
+            })
+            .start()
+            .await
+            .unwrap();
+        let live = executor.submit(suspended).await.unwrap();
+        let mut info = executor.subscribe(live).unwrap();
+        info.wait_for(|i| matches!(i.status, Status::Suspended { .. }))
+            .await
+            .unwrap();
+        // The third end passes the limit: the cleanup's delete is killed.
+        let ended = run_each(&executor, &["a", "b", "c"]).await;
+        let stopped = executor.wait(live).bounded().await;
+        assert!(
+            matches!(stopped, Err(ExecutorError::Killed)),
+            "{point:?}: {stopped:?}"
+        );
+        let executor = start_with(&store, &ledger, limited_to(2)).await;
+        let mut kept = vec![live];
+        kept.extend_from_slice(&ended[1..]);
+        until_only(&executor, &store, &kept).await;
+        // Ends are ordered by their millisecond, then by id: `live`, the first
+        // submitted, must end in a later millisecond than `c` to be the last ended.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        // (What the counter's handler looks for to go on instead of suspending again.)
+        ledger.push("live woken");
+        assert_eq!(executor.wake("live").await.unwrap(), 1);
+        assert_eq!(
+            executor.wait(live).bounded().await.unwrap(),
+            Outcome::Succeeded,
+            "{point:?}"
+        );
+        assert_eq!(ledger.value("live value"), Some(26));
+        // Clean for the next point: the live one ended, so the count now deletes `b`.
+        until_only(&executor, &store, &[live, ended[2]]).await;
+        executor.shutdown().bounded().await.unwrap();
+        store = store.reopen();
+        let executor = start_with(&store, &ledger, limited_to(0)).await;
+        until_only(&executor, &store, &[]).await;
+        executor.shutdown().bounded().await.unwrap();
+        store = store.reopen();
+    }
 }
 
 async fn queue_full_is_an_error_not_memory(store: TestStore) {

@@ -226,7 +226,9 @@ impl<E: Send + Sync + 'static> ExecutorBuilder<E> {
             self.fencing_token,
         )
         .await?;
-        let (table, next_id) = table_from(&loaded)?;
+        let (mut table, next_id) = table_from(&loaded)?;
+        // Before `resume` queues the procedures that ended before the restart.
+        table.retention = cleanup::Limit::new(self.config.retention_limit);
         let journal_on = table.journal.on_flag();
         let table = Arc::new(std::sync::Mutex::new(table));
         let inner = Arc::new(Inner {

@@ -44,6 +44,16 @@ pub struct Config {
     pub retention: Duration,
     /// How often finished procedures past their retention are looked for. Default: 10 s.
     pub cleanup_interval: Duration,
+    /// The most finished procedures kept at once. Past it, the ones that ended first are
+    /// deleted before their [`retention`](Self::retention) is over: the cleanup runs as
+    /// soon as the count passes the limit by a sixteenth, not at its next interval, so
+    /// memory and the store stay bounded at any rate of procedures. (With the default
+    /// 15 minutes and 1,000 procedures ending a second, retention alone would keep
+    /// 900,000.) A finished procedure in the tree of a live root is kept whatever the
+    /// count: an ancestor may still roll back and undo it. A deleted procedure is gone as
+    /// after its retention: [`Executor::wait`](super::Executor::wait) and
+    /// [`Executor::state`](super::Executor::state) no longer find it. Default: 100 000.
+    pub retention_limit: usize,
     /// How many entries of its step history each stored procedure keeps (the newest; the
     /// record counts the ones it dropped). Each entry adds about 15 bytes to every write
     /// of the procedure; 0 keeps none. Default: 32.
@@ -70,6 +80,7 @@ impl Default for Config {
             },
             retention: Duration::from_secs(15 * 60),
             cleanup_interval: Duration::from_secs(10),
+            retention_limit: 100_000,
             history: 32,
             request_poll: Some(Duration::from_secs(1)),
         }

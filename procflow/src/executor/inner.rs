@@ -151,6 +151,8 @@ pub(crate) struct Table {
     /// retention (`cleanup.rs`); an entry may be queued more than once, or be revived
     /// since: retention checks its `finished_ms` before it deletes.
     pub(crate) ended: BinaryHeap<Reverse<(u64, u64)>>,
+    /// `Config::retention_limit`, and how the cleanup is told the table passed it.
+    pub(crate) retention: super::cleanup::Limit,
 }
 
 /// How a procedure dealt with an operator's request.
@@ -449,9 +451,11 @@ impl Waiters {
 
 impl Table {
     /// Queues procedure `id`, which ended at `finished_ms` (if it has), for retention.
+    /// Past [`Config::retention_limit`](super::Config::retention_limit), tells the cleanup.
     pub(crate) fn ended_at(&mut self, id: u64, finished_ms: Option<u64>) {
         if let Some(at) = finished_ms {
             self.ended.push(Reverse((at, id)));
+            self.retention.check(self.ended.len());
         }
     }
 
