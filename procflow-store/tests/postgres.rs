@@ -292,6 +292,74 @@ async fn the_schema_is_versioned_and_a_newer_one_is_refused() {
     );
 }
 
+/// `read_only` reads what a running store wrote, as `load` does, and creates nothing: a
+/// schema that holds no store stays absent, and a newer one is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_reads_a_running_store_and_creates_nothing() {
+    let server = server();
+    let store = store(&server, |c| c).await;
+    let config = store.config().clone();
+    let batch = Batch::new()
+        .put(1, None, b"parent".to_vec())
+        .put(2, Some(1), b"child".to_vec())
+        .put_meta("graph/m", b"g".to_vec());
+    store.commit(batch).await.unwrap();
+    store
+        .commit(Batch::new().finish(2, b"child, ended".to_vec()))
+        .await
+        .unwrap();
+
+    let read = PgStore::read_only(config.clone()).await.unwrap();
+    let loaded = store.load().await.unwrap();
+    let key = |r: &procflow_store::Record| (r.id, r.parent, r.finished, r.value.to_vec());
+    assert_eq!(
+        read.records.iter().map(key).collect::<Vec<_>>(),
+        loaded.records.iter().map(key).collect::<Vec<_>>()
+    );
+    assert_eq!(read.records.len(), 2);
+    assert!(read.records[1].finished);
+    assert_eq!(read.meta, loaded.meta);
+    assert_eq!(read.meta["graph/m"], b"g");
+    // The store goes on: a read-only look took no lock it waits for.
+    store
+        .commit(Batch::new().put(3, None, vec![]))
+        .await
+        .unwrap();
+    assert_eq!(
+        PgStore::read_only(config.clone())
+            .await
+            .unwrap()
+            .records
+            .len(),
+        3
+    );
+
+    let absent = PgConfig::new(server.connection_string(), fresh_schema());
+    let error = PgStore::read_only(absent.clone()).await.err().unwrap();
+    assert!(
+        error.to_string().contains("holds no procflow store"),
+        "{error}"
+    );
+    let client = config.connect().await.unwrap();
+    let exists = "SELECT count(*) FROM pg_namespace WHERE nspname = $1";
+    let count: i64 = client
+        .query_one(exists, &[&absent.schema()])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(count, 0, "reading created the schema");
+
+    let bump = format!("UPDATE {}.schema_version SET version = 99", config.schema());
+    client.execute(&bump, &[]).await.unwrap();
+    let error = PgStore::read_only(config).await.err().unwrap();
+    assert!(
+        error
+            .to_string()
+            .contains("version 99, written by a newer procflow"),
+        "{error}"
+    );
+}
+
 /// The server killed (an immediate shutdown: crash recovery at its start) and started
 /// again while writers commit: writes fail while it is down, then resume, and every
 /// acknowledged write is there.

@@ -249,28 +249,7 @@ impl PgStore {
     /// not answer within the request timeout, or the schema was written by a newer
     /// procflow (its version is higher than this build's).
     pub async fn connect(config: PgConfig) -> Result<Self, StoreError> {
-        let location = config.location();
-        schema::check_name(&config.schema).map_err(|reason| schema::error(&location, reason))?;
-        let manager = Manager::from_config(
-            config.parsed(&location)?,
-            tokio_postgres::NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(4)
-            .build()
-            .map_err(|error| {
-                StoreError::io("making a pool", &location, std::io::Error::other(error))
-            })?;
-        let shared = Arc::new(Shared {
-            pool,
-            timeout: config.request_timeout,
-            sql: schema::Statements::new(&config.schema),
-            config,
-            location,
-        });
+        let shared = Arc::new(Shared::new(config)?);
         shared.create_schema().await?;
         let (queue, receiver) = mpsc::unbounded_channel();
         let committer = tokio::spawn(committer::run(Arc::clone(&shared), receiver));
@@ -279,6 +258,36 @@ impl PgStore {
             queue: Mutex::new(Some(queue)),
             committer: tokio::sync::Mutex::new(Some(committer)),
         })
+    }
+
+    /// Reads the whole store once, as [`Store::load`] does, and creates nothing: no
+    /// schema, no table, no committer. For tools that look at a store that executors
+    /// elsewhere run on, such as the `procflow` CLI's `--postgres`. Every page is read in
+    /// one `REPEATABLE READ` transaction, so the result is one consistent snapshot, taken
+    /// without locking anything writers wait for. Must be called inside a tokio runtime.
+    ///
+    /// Cancel safety: dropping the future drops its connection; nothing was written.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Io`] if the schema name is not a plain identifier, the server does
+    /// not answer within the request timeout, the schema holds no procflow store, or it
+    /// was written by a newer procflow.
+    ///
+    /// ```no_run
+    /// use procflow_store::postgres::{PgConfig, PgStore};
+    ///
+    /// # async fn look() -> Result<(), procflow_store::StoreError> {
+    /// let config = PgConfig::new("host=127.0.0.1 user=app dbname=app", "procedures");
+    /// let loaded = PgStore::read_only(config).await?;
+    /// println!("{} records", loaded.records.len());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn read_only(config: PgConfig) -> Result<Loaded, StoreError> {
+        let shared = Shared::new(config)?;
+        shared.check_schema().await?;
+        shared.load().await
     }
 
     /// The configuration the store was connected with.
@@ -315,11 +324,41 @@ impl PgStore {
 }
 
 impl Shared {
+    /// Checks the schema's name and makes the pool; connects to nothing yet.
+    fn new(config: PgConfig) -> Result<Self, StoreError> {
+        let location = config.location();
+        let naming = "naming the store's schema";
+        schema::check_name(&config.schema)
+            .map_err(|reason| schema::error(naming, &location, reason))?;
+        let manager = Manager::from_config(
+            config.parsed(&location)?,
+            tokio_postgres::NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(4)
+            .build()
+            .map_err(|error| {
+                StoreError::io("making a pool", &location, std::io::Error::other(error))
+            })?;
+        Ok(Self {
+            pool,
+            timeout: config.request_timeout,
+            sql: schema::Statements::new(&config.schema),
+            config,
+            location,
+        })
+    }
+
     /// A connection from the pool, within the deadline.
     async fn connect(&self, context: &'static str) -> Result<Object, StoreError> {
         match tokio::time::timeout(self.timeout, self.pool.get()).await {
             Ok(Ok(object)) => Ok(object),
-            Ok(Err(error)) => Err(self.io(context, std::io::Error::other(error))),
+            // deadpool's message leaves out why ("error connecting to server"): add the
+            // causes ("Connection refused").
+            Ok(Err(error)) => Err(self.io(context, std::io::Error::other(with_causes(&error)))),
             Err(_) => Err(timed_out(context, self.location.clone(), &self.config)),
         }
     }
@@ -329,7 +368,18 @@ impl Shared {
         let mut object = self.connect(context).await?;
         let ensure = schema::ensure(&mut object, &self.config.schema);
         match tokio::time::timeout(self.timeout, ensure).await {
-            Ok(result) => result.map_err(|reason| schema::error(&self.location, reason)),
+            Ok(result) => result.map_err(|reason| schema::error(context, &self.location, reason)),
+            Err(_) => Err(timed_out(context, self.location.clone(), &self.config)),
+        }
+    }
+
+    /// [`schema::check`] within the deadline: the store is there, and not newer.
+    async fn check_schema(&self) -> Result<(), StoreError> {
+        let context = "checking the store's schema";
+        let object = self.connect(context).await?;
+        let check = schema::check(&object, &self.config.schema);
+        match tokio::time::timeout(self.timeout, check).await {
+            Ok(result) => result.map_err(|reason| schema::error(context, &self.location, reason)),
             Err(_) => Err(timed_out(context, self.location.clone(), &self.config)),
         }
     }
@@ -337,6 +387,21 @@ impl Shared {
     pub(crate) fn io(&self, context: &'static str, source: std::io::Error) -> StoreError {
         StoreError::io(context, self.location.clone(), source)
     }
+}
+
+/// `error`'s message followed by its sources', each once.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let line = cause.to_string();
+        if !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 impl Store for PgStore {

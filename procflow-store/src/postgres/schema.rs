@@ -7,6 +7,7 @@
 //! committer reads back as the store's refusals.
 
 use tokio_postgres::Client;
+use tokio_postgres::error::SqlState;
 
 use crate::error::StoreError;
 
@@ -69,12 +70,7 @@ pub(crate) async fn ensure(client: &mut Client, schema: &str) -> Result<(), Stri
         .map_err(|e| e.to_string())?
         .map(|row| row.get(0));
     match found {
-        Some(version) if version > VERSION => {
-            return Err(format!(
-                "schema `{schema}` is at version {version}, written by a newer procflow; \
-                 this build knows versions up to {VERSION}"
-            ));
-        }
+        Some(version) if version > VERSION => return Err(newer(schema, version)),
         Some(_) => {}
         None => {
             tx.execute(
@@ -94,10 +90,44 @@ pub(crate) async fn ensure(client: &mut Client, schema: &str) -> Result<(), Stri
     tx.commit().await.map_err(|e| e.to_string())
 }
 
-/// The error `ensure`'s failure becomes.
-pub(crate) fn error(location: &std::path::Path, reason: String) -> StoreError {
+/// Checks, creating nothing, that `schema` holds a procflow store this build can read.
+pub(crate) async fn check(client: &Client, schema: &str) -> Result<(), String> {
+    let found = client
+        .query_opt(&sql("SELECT version FROM {s}.schema_version", schema), &[])
+        .await;
+    let missing = [&SqlState::UNDEFINED_TABLE, &SqlState::INVALID_SCHEMA_NAME];
+    match found {
+        Ok(Some(row)) => match row.get::<_, i32>(0) {
+            version if version > VERSION => Err(newer(schema, version)),
+            _ => Ok(()),
+        },
+        Ok(None) => Err(format!(
+            "schema `{schema}` holds no procflow store yet (its version row is missing): \
+             nothing to read"
+        )),
+        Err(error) if error.code().is_some_and(|code| missing.contains(&code)) => Err(format!(
+            "schema `{schema}` holds no procflow store: check the schema's name (the one \
+             the executors' PgConfig names); PgStore::connect creates a store, reading does not"
+        )),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+fn newer(schema: &str, version: i32) -> String {
+    format!(
+        "schema `{schema}` is at version {version}, written by a newer procflow; \
+         this build knows versions up to {VERSION}"
+    )
+}
+
+/// The error a failure of `ensure` or `check` becomes, `context` saying which.
+pub(crate) fn error(
+    context: &'static str,
+    location: &std::path::Path,
+    reason: String,
+) -> StoreError {
     StoreError::io(
-        "creating or checking the store's schema",
+        context,
         location,
         std::io::Error::new(std::io::ErrorKind::InvalidData, reason),
     )

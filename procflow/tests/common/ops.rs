@@ -1,9 +1,9 @@
-//! A machine for the operator tests (`operator.rs`, `cli.rs`): it takes a lock, waits
+//! A machine for the operator tests (`operator.rs`, `cli.rs`, `cli_postgres.rs`): it takes a lock, waits
 //! for an event, then crosses a point of no return that can be made to fail for good.
 
 use procflow::executor::{Config, Executor, RetryPolicy, Status};
 use procflow::prelude::*;
-use procflow::store::{WalConfig, WalStore};
+use procflow::store::{Store, WalConfig, WalStore};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -108,7 +108,15 @@ impl JobStateHandlers for Job {
 
 /// An executor of `JobState` on the WAL in `dir`, retrying within milliseconds.
 pub async fn start(dir: &Path, log: &Log) -> Executor<Log> {
-    let store = Arc::new(WalStore::open(dir, WalConfig::default()).unwrap());
+    start_on(
+        Arc::new(WalStore::open(dir, WalConfig::default()).unwrap()),
+        log,
+    )
+    .await
+}
+
+/// An executor of `JobState` on `store`, retrying within milliseconds.
+pub async fn start_on(store: Arc<dyn Store>, log: &Log) -> Executor<Log> {
     let config = Config {
         retry: RetryPolicy {
             initial: Duration::from_millis(5),

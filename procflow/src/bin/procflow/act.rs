@@ -1,5 +1,6 @@
 //! The write commands: each stores a request for the executor, which carries it out when
-//! it next starts on the store, or, with `--url`, hands it to the running executor.
+//! it next starts on the store (on PostgreSQL: the running leader, within its request
+//! poll), or, with `--url`, hands it to the running executor.
 
 use crate::args::{Filter, Place, Target};
 use crate::remote;
@@ -55,17 +56,20 @@ pub trait Procedures {
     fn live(&self, filter: &Filter) -> Result<Vec<u64>, String>;
 }
 
-/// Makes the requests and hands them over: to the admin API at `--url`, or into the
-/// stopped store at `--store`.
+/// Makes the requests and hands them over: to the admin API at `--url`, into the
+/// stopped store at `--store`, or into the shared store at `--postgres`.
 fn leave(
     at: &Place,
     token: Option<&str>,
     make: impl FnOnce(&dyn Procedures) -> Result<Vec<Request>, String>,
 ) -> Result<(), String> {
-    match (&at.url, &at.store) {
-        (Some(url), _) => send(url, token, make),
-        (None, Some(dir)) => store(dir, make),
-        (None, None) => Err("give --store DIR or --url URL".to_owned()),
+    match (&at.url, &at.store, &at.postgres) {
+        (Some(url), _, _) => send(url, token, make),
+        (None, Some(dir), _) => store(dir, make),
+        (None, None, Some(connection)) => {
+            crate::postgres::leave(connection, at.schema.as_deref(), make)
+        }
+        (None, None, None) => Err(crate::args::GIVE_A_PLACE.to_owned()),
     }
 }
 
@@ -117,20 +121,29 @@ fn store(
         .build()
         .map_err(|e| e.to_string())?;
     runtime.block_on(async {
-        let catalog = Catalog::load(&store).await.map_err(|e| e.to_string())?;
-        let requests = make(&catalog)?;
-        if requests.is_empty() {
-            return Err("no procedure matches".to_owned());
-        }
-        for request in &requests {
-            let key = leave_request(&store, request)
-                .await
-                .map_err(|e| e.to_string())?;
-            println!(
-                "stored {key}: {:?} (carried out when an executor next starts on the store)",
-                request.action
-            );
-        }
+        let when = "carried out when an executor next starts on the store";
+        store_requests(&store, make, when).await?;
         store.close().await.map_err(|e| e.to_string())
     })
+}
+
+/// Stores the requests `make` makes from the store's catalog, and says so, each with
+/// `when` it is carried out.
+pub async fn store_requests(
+    store: &dyn Store,
+    make: impl FnOnce(&dyn Procedures) -> Result<Vec<Request>, String>,
+    when: &str,
+) -> Result<(), String> {
+    let catalog = Catalog::load(store).await.map_err(|e| e.to_string())?;
+    let requests = make(&catalog)?;
+    if requests.is_empty() {
+        return Err("no procedure matches".to_owned());
+    }
+    for request in &requests {
+        let key = leave_request(store, request)
+            .await
+            .map_err(|e| e.to_string())?;
+        println!("stored {key}: {:?} ({when})", request.action);
+    }
+    Ok(())
 }

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-/// See and act on procflow procedures: in a WAL directory (`--store`), or through a running
-/// executor's admin API (`--url`).
+/// See and act on procflow procedures: in a WAL directory (`--store`), in a PostgreSQL
+/// store (`--postgres`, read only), or through a running executor's admin API (`--url`).
 #[derive(Parser)]
 #[command(name = "procflow", version)]
 pub struct Cli {
@@ -16,6 +16,10 @@ pub struct Cli {
     /// The admin token, for abort, wake and bypass through `--url`.
     #[arg(long, global = true, env = "PROCFLOW_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// The PostgreSQL schema that holds the store, with `--postgres`: the one the
+    /// executors' `PgConfig` names.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub schema: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -84,17 +88,46 @@ pub enum Command {
     },
 }
 
-/// Where the procedures are: one of `--store DIR` and `--url URL`.
+impl Command {
+    /// Where the command looks.
+    pub fn place_mut(&mut self) -> &mut Place {
+        match self {
+            Command::List { at, .. }
+            | Command::Show { at, .. }
+            | Command::History { at, .. }
+            | Command::Diagram { at, .. }
+            | Command::Locks { at }
+            | Command::Abort { at, .. }
+            | Command::Wake { at, .. }
+            | Command::Bypass { at, .. } => at,
+        }
+    }
+}
+
+/// Where the procedures are: one of `--store DIR`, `--postgres CONNECTION` and `--url URL`.
 #[derive(Args, Clone)]
 #[group(required = true, multiple = false)]
 pub struct Place {
     /// The store's directory (read without its lock; writes need the store stopped).
     #[arg(long)]
     pub store: Option<PathBuf>,
+    /// A PostgreSQL store's libpq connection string (`host=127.0.0.1 user=app dbname=app`
+    /// or `postgresql://app@127.0.0.1/app`), with `--schema`. Read at one snapshot while
+    /// executors run on it; requests left in it are carried out by the running leader
+    /// within its request poll.
+    #[arg(long, value_name = "CONNECTION")]
+    pub postgres: Option<String>,
+    /// `--schema`, copied here from the global option (not a member of the group).
+    #[arg(skip)]
+    pub schema: Option<String>,
     /// A running executor's admin API, e.g. `http://127.0.0.1:7077`.
     #[arg(long)]
     pub url: Option<String>,
 }
+
+/// What a command without a place says (clap requires one; this is for the code paths
+/// that match on it again).
+pub const GIVE_A_PLACE: &str = "give --store DIR, --postgres CONNECTION --schema NAME or --url URL";
 
 /// Which procedures a command lists or acts on.
 #[derive(Args, Clone, Default)]

@@ -4,17 +4,22 @@
 //! With `--store DIR`, read commands (`list`, `show`, `history`, `diagram`, `locks`) read
 //! a WAL directory without its lock, so they work while an executor runs on it; write
 //! commands (`abort`, `wake`, `bypass`) store a request for the executor, which carries it
-//! out when it next starts on the store, so they need the store closed. With `--url`, both
-//! go through a running executor's admin API (`procflow::admin`), and writes are carried
-//! out at once.
+//! out when it next starts on the store, so they need the store closed. With `--postgres
+//! CONNECTION --schema NAME` (a build with feature `postgres`), read commands read a
+//! PostgreSQL store at one snapshot while executors run on it, and write commands leave
+//! their requests in it for the running leader, which polls for them. With `--url`, both go
+//! through a running executor's admin API (`procflow::admin`), and writes are carried out
+//! at once.
 //!
 //! - `args`: the command line;
 //! - `print`: tables for people, JSON for scripts;
 //! - `act`: the write commands;
+//! - `postgres`: `--postgres`;
 //! - `remote`: `--url`.
 
 mod act;
 mod args;
+mod postgres;
 mod print;
 mod remote;
 
@@ -37,9 +42,14 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> Result<(), String> {
+fn run(mut cli: Cli) -> Result<(), String> {
     let json = cli.json;
     let token = cli.token.as_deref();
+    let place = cli.command.place_mut();
+    if cli.schema.is_some() && place.postgres.is_none() {
+        return Err("--schema names the schema of a --postgres store; give both".to_owned());
+    }
+    place.schema = cli.schema.clone();
     match cli.command {
         // Reads through the admin API: from the executor's memory, or by key.
         Command::List {
@@ -114,10 +124,14 @@ fn run(cli: Cli) -> Result<(), String> {
     Ok(())
 }
 
-/// Reads a WAL directory without locking it (the `--url` reads are answered above).
+/// Reads a WAL directory without locking it, or a PostgreSQL store at one snapshot (the
+/// `--url` reads are answered above).
 fn read(at: &Place) -> Result<Catalog, String> {
-    let store = at.store.as_deref().ok_or("give --store DIR or --url URL")?;
-    let loaded = WalStore::read_only(store).map_err(|e| e.to_string())?;
+    let loaded = match (&at.store, &at.postgres) {
+        (Some(dir), _) => WalStore::read_only(dir).map_err(|e| e.to_string())?,
+        (None, Some(connection)) => postgres::load(connection, at.schema.as_deref())?,
+        (None, None) => return Err(args::GIVE_A_PLACE.to_owned()),
+    };
     Ok(Catalog::from_loaded(&loaded))
 }
 
