@@ -518,3 +518,49 @@ async fn a_load_whose_revision_another_process_compacts_starts_again() {
     let loaded = loading.await.unwrap().expect("the load started again");
     assert_eq!(loaded.records.len(), 2000);
 }
+
+/// `read_only` reads what a running store wrote, as `load` does, and writes nothing (the
+/// cluster's revision does not move); an empty prefix is an error that names it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_reads_a_running_store_and_writes_nothing() {
+    let cluster = cluster();
+    let (store, config) = store(&cluster, |c| c).await;
+    let batch = Batch::new()
+        .put(1, None, b"parent".to_vec())
+        .put(2, Some(1), b"child".to_vec())
+        .put_meta("graph/m", b"g".to_vec());
+    store.commit(batch).await.unwrap();
+    store
+        .commit(Batch::new().finish(2, b"child, ended".to_vec()))
+        .await
+        .unwrap();
+
+    let client = store.client();
+    let before = revision(&client).await;
+    let read = EtcdStore::read_only(config.clone()).await.unwrap();
+    assert_eq!(revision(&client).await, before, "reading wrote to etcd");
+    let loaded: Loaded = store.load().await.unwrap();
+    let key = |r: &procflow_store::Record| (r.id, r.parent, r.finished, r.value.to_vec());
+    assert_eq!(
+        read.records.iter().map(key).collect::<Vec<_>>(),
+        loaded.records.iter().map(key).collect::<Vec<_>>()
+    );
+    assert_eq!(read.records.len(), 2);
+    assert!(read.records[1].finished);
+    assert_eq!(read.meta, loaded.meta);
+    store
+        .commit(Batch::new().put(3, None, vec![]))
+        .await
+        .unwrap();
+    let again = EtcdStore::read_only(config).await.unwrap();
+    assert_eq!(again.records.len(), 3);
+
+    let empty = EtcdConfig::new(cluster.endpoints(), "/nothing/here");
+    let error = EtcdStore::read_only(empty).await.err().unwrap();
+    assert!(
+        error
+            .to_string()
+            .contains("nothing is stored under prefix `/nothing/here`"),
+        "{error}"
+    );
+}

@@ -165,47 +165,12 @@ impl EtcdStore {
     ///
     /// [`StoreError::Io`] if no endpoint answers within the request timeout.
     pub async fn connect(config: EtcdConfig) -> Result<Self, StoreError> {
-        let location = PathBuf::from(format!(
-            "etcd {} {}",
-            config.endpoints.join(","),
-            config.prefix
-        ));
-        let options = connect_options(config.request_timeout);
-        let connect = Client::connect(config.endpoints.clone(), Some(options));
-        let client = match tokio::time::timeout(config.request_timeout, connect).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(error)) => {
-                return Err(StoreError::io(
-                    "connecting to etcd",
-                    location,
-                    io::Error::other(error),
-                ));
-            }
-            Err(_) => {
-                return Err(StoreError::io(
-                    "connecting to etcd",
-                    location,
-                    io::Error::new(io::ErrorKind::TimedOut, "no endpoint answered"),
-                ));
-            }
-        };
-        let keys = Keys::new(&config.prefix);
+        let shared = Arc::new(Shared::connect(&config).await?);
         let limits = Limits {
             max_ops_per_batch: Some(plan::MAX_BATCH_OPS),
-            max_value_bytes: Some(plan::max_batch_bytes(&keys)),
-            max_batch_bytes: Some(plan::max_batch_bytes(&keys)),
+            max_value_bytes: Some(plan::max_batch_bytes(&shared.keys)),
+            max_batch_bytes: Some(plan::max_batch_bytes(&shared.keys)),
         };
-        let sequence_key = keys.sequence(fastrand::u64(..));
-        let shared = Arc::new(Shared {
-            client,
-            sequence_key,
-            keys,
-            timeout: config.request_timeout,
-            page_size: config.page_size,
-            location,
-            pins: compactor::Pins::default(),
-            parents: Mutex::new(HashMap::new()),
-        });
         let start = shared.create_sequence().await?;
         let (queue, receiver) = mpsc::unbounded_channel();
         let committer = tokio::spawn(committer::run(Arc::clone(&shared), start, receiver));
@@ -217,6 +182,49 @@ impl EtcdStore {
             queue: Mutex::new(Some(queue)),
             committer: tokio::sync::Mutex::new(Some(committer)),
         })
+    }
+
+    /// Reads the whole store once, as [`Store::load`] does, and writes nothing: no
+    /// writer's sequence key, no committer, no compaction. For tools that look at a store
+    /// that executors elsewhere run on, such as the `procflow` CLI's `--etcd`. The keys are
+    /// read at one revision. Must be called inside a tokio runtime.
+    ///
+    /// Cancel safety: dropping the future drops its connection; nothing was written.
+    ///
+    /// # Errors
+    ///
+    /// [`StoreError::Io`] if no endpoint answers within the request timeout, or nothing
+    /// at all is stored under the prefix (no record and no metadata: an executor stores
+    /// its machines' graphs there when it starts, so a prefix it ran on is never empty).
+    ///
+    /// ```no_run
+    /// use procflow_store::etcd::{EtcdConfig, EtcdStore};
+    ///
+    /// # async fn look() -> Result<(), procflow_store::StoreError> {
+    /// let config = EtcdConfig::new(["127.0.0.1:2379"], "/myapp/procedures");
+    /// let loaded = EtcdStore::read_only(config).await?;
+    /// println!("{} records", loaded.records.len());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn read_only(config: EtcdConfig) -> Result<Loaded, StoreError> {
+        let shared = Shared::connect(&config).await?;
+        let loaded = shared.load_all().await?;
+        if loaded.records.is_empty() && loaded.meta.is_empty() {
+            return Err(StoreError::io(
+                "reading the store",
+                shared.location.clone(),
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!(
+                        "nothing is stored under prefix `{}`: it holds no procflow store \
+                         (check the prefix the executors' EtcdConfig names)",
+                        config.prefix
+                    ),
+                ),
+            ));
+        }
+        Ok(loaded)
     }
 
     /// The client this store talks through (cheap to clone; it shares the connection).
@@ -327,48 +335,6 @@ impl EtcdStore {
         Ok(Some(record))
     }
 
-    /// Loads at one revision. A load reads at a revision this store's compactor will not
-    /// compact; if another process compacted it meanwhile, the load starts again (a few
-    /// times: a history compacted faster than a load can read points at a retention
-    /// window too short for the store's size).
-    async fn load_all(&self) -> Result<Loaded, StoreError> {
-        let mut attempts = 0;
-        loop {
-            let _pin = self.shared.pins.pin();
-            match self.load_once().await {
-                Err(error) if is_compacted(&error) && attempts < 4 => attempts += 1,
-                result => return result,
-            }
-        }
-    }
-
-    async fn load_once(&self) -> Result<Loaded, StoreError> {
-        let shared = &self.shared;
-        let mut revision = 0;
-        let mut loaded = Loaded::default();
-        shared
-            .scan(shared.keys.records(), &mut revision, |kv| {
-                loaded.records.push(shared.decode(kv)?);
-                Ok(())
-            })
-            .await?;
-        shared
-            .scan(shared.keys.metas(), &mut revision, |kv| {
-                let key = shared
-                    .keys
-                    .meta_key(kv.key())
-                    .ok_or_else(|| shared.corrupt(kv.key(), "not a metadata key"))?;
-                loaded.meta.insert(key, kv.into_key_value().1);
-                Ok(())
-            })
-            .await?;
-        let mut parents = shared.parents();
-        for record in loaded.records.iter().filter(|r| !r.finished) {
-            parents.insert(record.id, record.parent);
-        }
-        Ok(loaded)
-    }
-
     async fn close_store(&self) -> Result<(), StoreError> {
         // Dropping the sender lets the committer finish what is queued, then end.
         drop(self.queue.lock().unwrap_or_else(|e| e.into_inner()).take());
@@ -403,6 +369,88 @@ pub fn connect_options(timeout: Duration) -> ConnectOptions {
 }
 
 impl Shared {
+    /// Connects a client to the cluster; writes nothing.
+    async fn connect(config: &EtcdConfig) -> Result<Self, StoreError> {
+        let location = PathBuf::from(format!(
+            "etcd {} {}",
+            config.endpoints.join(","),
+            config.prefix
+        ));
+        let options = connect_options(config.request_timeout);
+        let connect = Client::connect(config.endpoints.clone(), Some(options));
+        let client = match tokio::time::timeout(config.request_timeout, connect).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(error)) => {
+                return Err(StoreError::io(
+                    "connecting to etcd",
+                    location,
+                    io::Error::other(error),
+                ));
+            }
+            Err(_) => {
+                return Err(StoreError::io(
+                    "connecting to etcd",
+                    location,
+                    io::Error::new(io::ErrorKind::TimedOut, "no endpoint answered"),
+                ));
+            }
+        };
+        let keys = Keys::new(&config.prefix);
+        let sequence_key = keys.sequence(fastrand::u64(..));
+        Ok(Self {
+            client,
+            sequence_key,
+            keys,
+            timeout: config.request_timeout,
+            page_size: config.page_size,
+            location,
+            pins: compactor::Pins::default(),
+            parents: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Loads at one revision. A load reads at a revision this store's compactor will not
+    /// compact; if another process compacted it meanwhile, the load starts again (a few
+    /// times: a history compacted faster than a load can read points at a retention
+    /// window too short for the store's size).
+    async fn load_all(&self) -> Result<Loaded, StoreError> {
+        let mut attempts = 0;
+        loop {
+            let _pin = self.pins.pin();
+            match self.load_once().await {
+                Err(error) if is_compacted(&error) && attempts < 4 => attempts += 1,
+                result => return result,
+            }
+        }
+    }
+
+    async fn load_once(&self) -> Result<Loaded, StoreError> {
+        let shared = self;
+        let mut revision = 0;
+        let mut loaded = Loaded::default();
+        shared
+            .scan(shared.keys.records(), &mut revision, |kv| {
+                loaded.records.push(shared.decode(kv)?);
+                Ok(())
+            })
+            .await?;
+        shared
+            .scan(shared.keys.metas(), &mut revision, |kv| {
+                let key = shared
+                    .keys
+                    .meta_key(kv.key())
+                    .ok_or_else(|| shared.corrupt(kv.key(), "not a metadata key"))?;
+                loaded.meta.insert(key, kv.into_key_value().1);
+                Ok(())
+            })
+            .await?;
+        let mut parents = shared.parents();
+        for record in loaded.records.iter().filter(|r| !r.finished) {
+            parents.insert(record.id, record.parent);
+        }
+        Ok(loaded)
+    }
+
     /// Runs one request on the key-value client with the store's deadline. A request
     /// that fails on the connection (a member died, the channel routed to it) is sent
     /// again until the deadline (once more past it: see below). Every request the store
@@ -588,7 +636,7 @@ impl Store for EtcdStore {
     }
 
     fn load(&self) -> BoxFuture<'_, Result<Loaded, StoreError>> {
-        Box::pin(self.load_all())
+        Box::pin(self.shared.load_all())
     }
 
     fn get(&self, id: ProcId) -> BoxFuture<'_, Result<Option<Record>, StoreError>> {
@@ -597,7 +645,7 @@ impl Store for EtcdStore {
 
     fn list(&self) -> BoxFuture<'_, Result<Vec<RecordInfo>, StoreError>> {
         Box::pin(async move {
-            let loaded = self.load_all().await?;
+            let loaded = self.shared.load_all().await?;
             Ok(loaded
                 .records
                 .iter()

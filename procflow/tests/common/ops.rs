@@ -1,4 +1,4 @@
-//! A machine for the operator tests (`operator.rs`, `cli.rs`, `cli_postgres.rs`): it takes a lock, waits
+//! A machine for the operator tests (`operator.rs`, `cli.rs`, `cli_shared.rs`): it takes a lock, waits
 //! for an event, then crosses a point of no return that can be made to fail for good.
 
 use procflow::executor::{Config, Executor, RetryPolicy, Status};

@@ -1,6 +1,6 @@
 //! The write commands: each stores a request for the executor, which carries it out when
-//! it next starts on the store (on PostgreSQL: the running leader, within its request
-//! poll), or, with `--url`, hands it to the running executor.
+//! it next starts on the store (on PostgreSQL or etcd: the running leader, within its
+//! request poll), or, with `--url`, hands it to the running executor.
 
 use crate::args::{Filter, Place, Target};
 use crate::remote;
@@ -57,19 +57,19 @@ pub trait Procedures {
 }
 
 /// Makes the requests and hands them over: to the admin API at `--url`, into the
-/// stopped store at `--store`, or into the shared store at `--postgres`.
+/// stopped store at `--store`, or into the shared store at `--postgres` or `--etcd`.
 fn leave(
     at: &Place,
     token: Option<&str>,
     make: impl FnOnce(&dyn Procedures) -> Result<Vec<Request>, String>,
 ) -> Result<(), String> {
-    match (&at.url, &at.store, &at.postgres) {
-        (Some(url), _, _) => send(url, token, make),
-        (None, Some(dir), _) => store(dir, make),
-        (None, None, Some(connection)) => {
-            crate::postgres::leave(connection, at.schema.as_deref(), make)
-        }
-        (None, None, None) => Err(crate::args::GIVE_A_PLACE.to_owned()),
+    match (&at.url, &at.store) {
+        (Some(url), _) => send(url, token, make),
+        (None, Some(dir)) => store(dir, make),
+        (None, None) => match crate::shared::leave(at, make)? {
+            true => Ok(()),
+            false => Err(crate::args::GIVE_A_PLACE.to_owned()),
+        },
     }
 }
 

@@ -6,7 +6,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 /// See and act on procflow procedures: in a WAL directory (`--store`), in a PostgreSQL
-/// store (`--postgres`, read only), or through a running executor's admin API (`--url`).
+/// (`--postgres`) or etcd (`--etcd`) store, or through a running executor's admin API
+/// (`--url`).
 #[derive(Parser)]
 #[command(name = "procflow", version)]
 pub struct Cli {
@@ -20,6 +21,10 @@ pub struct Cli {
     /// executors' `PgConfig` names.
     #[arg(long, global = true, value_name = "NAME")]
     pub schema: Option<String>,
+    /// The key prefix that holds the store, with `--etcd`: the one the executors'
+    /// `EtcdConfig` names.
+    #[arg(long, global = true, value_name = "PREFIX")]
+    pub prefix: Option<String>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -104,7 +109,8 @@ impl Command {
     }
 }
 
-/// Where the procedures are: one of `--store DIR`, `--postgres CONNECTION` and `--url URL`.
+/// Where the procedures are: one of `--store DIR`, `--postgres CONNECTION`, `--etcd
+/// ENDPOINTS` and `--url URL`.
 #[derive(Args, Clone)]
 #[group(required = true, multiple = false)]
 pub struct Place {
@@ -117,9 +123,17 @@ pub struct Place {
     /// within its request poll.
     #[arg(long, value_name = "CONNECTION")]
     pub postgres: Option<String>,
+    /// An etcd store's endpoints (`127.0.0.1:2379,127.0.0.1:2381`), with `--prefix`. Read at
+    /// one revision while executors run on it; requests left in it are carried out by the
+    /// running leader within its request poll.
+    #[arg(long, value_name = "ENDPOINTS")]
+    pub etcd: Option<String>,
     /// `--schema`, copied here from the global option (not a member of the group).
     #[arg(skip)]
     pub schema: Option<String>,
+    /// `--prefix`, copied here from the global option (not a member of the group).
+    #[arg(skip)]
+    pub prefix: Option<String>,
     /// A running executor's admin API, e.g. `http://127.0.0.1:7077`.
     #[arg(long)]
     pub url: Option<String>,
@@ -127,7 +141,8 @@ pub struct Place {
 
 /// What a command without a place says (clap requires one; this is for the code paths
 /// that match on it again).
-pub const GIVE_A_PLACE: &str = "give --store DIR, --postgres CONNECTION --schema NAME or --url URL";
+pub const GIVE_A_PLACE: &str = "give --store DIR, --postgres CONNECTION --schema NAME, \
+                                --etcd ENDPOINTS --prefix PREFIX or --url URL";
 
 /// Which procedures a command lists or acts on.
 #[derive(Args, Clone, Default)]

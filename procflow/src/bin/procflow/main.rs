@@ -5,23 +5,24 @@
 //! a WAL directory without its lock, so they work while an executor runs on it; write
 //! commands (`abort`, `wake`, `bypass`) store a request for the executor, which carries it
 //! out when it next starts on the store, so they need the store closed. With `--postgres
-//! CONNECTION --schema NAME` (a build with feature `postgres`), read commands read a
-//! PostgreSQL store at one snapshot while executors run on it, and write commands leave
-//! their requests in it for the running leader, which polls for them. With `--url`, both go
+//! CONNECTION --schema NAME` or `--etcd ENDPOINTS --prefix PREFIX` (a build with feature
+//! `postgres` or `etcd`), read commands read the shared store at one snapshot while
+//! executors run on it, and write commands leave their requests in it for the running
+//! leader, which polls for them. With `--url`, both go
 //! through a running executor's admin API (`procflow::admin`), and writes are carried out
 //! at once.
 //!
 //! - `args`: the command line;
 //! - `print`: tables for people, JSON for scripts;
 //! - `act`: the write commands;
-//! - `postgres`: `--postgres`;
-//! - `remote`: `--url`.
+//! - `remote`: `--url`;
+//! - `shared`: `--postgres` and `--etcd`.
 
 mod act;
 mod args;
-mod postgres;
 mod print;
 mod remote;
+mod shared;
 
 use args::{Cli, Command, Filter, Place};
 use clap::Parser;
@@ -49,7 +50,11 @@ fn run(mut cli: Cli) -> Result<(), String> {
     if cli.schema.is_some() && place.postgres.is_none() {
         return Err("--schema names the schema of a --postgres store; give both".to_owned());
     }
+    if cli.prefix.is_some() && place.etcd.is_none() {
+        return Err("--prefix names the prefix of an --etcd store; give both".to_owned());
+    }
     place.schema = cli.schema.clone();
+    place.prefix = cli.prefix.clone();
     match cli.command {
         // Reads through the admin API: from the executor's memory, or by key.
         Command::List {
@@ -124,13 +129,12 @@ fn run(mut cli: Cli) -> Result<(), String> {
     Ok(())
 }
 
-/// Reads a WAL directory without locking it, or a PostgreSQL store at one snapshot (the
+/// Reads a WAL directory without locking it, or a shared store at one snapshot (the
 /// `--url` reads are answered above).
 fn read(at: &Place) -> Result<Catalog, String> {
-    let loaded = match (&at.store, &at.postgres) {
-        (Some(dir), _) => WalStore::read_only(dir).map_err(|e| e.to_string())?,
-        (None, Some(connection)) => postgres::load(connection, at.schema.as_deref())?,
-        (None, None) => return Err(args::GIVE_A_PLACE.to_owned()),
+    let loaded = match &at.store {
+        Some(dir) => WalStore::read_only(dir).map_err(|e| e.to_string())?,
+        None => shared::load(at)?.ok_or(args::GIVE_A_PLACE)?,
     };
     Ok(Catalog::from_loaded(&loaded))
 }
