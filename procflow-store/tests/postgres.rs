@@ -299,40 +299,7 @@ async fn read_only_reads_a_running_store_and_creates_nothing() {
     let server = server();
     let store = store(&server, |c| c).await;
     let config = store.config().clone();
-    let batch = Batch::new()
-        .put(1, None, b"parent".to_vec())
-        .put(2, Some(1), b"child".to_vec())
-        .put_meta("graph/m", b"g".to_vec());
-    store.commit(batch).await.unwrap();
-    store
-        .commit(Batch::new().finish(2, b"child, ended".to_vec()))
-        .await
-        .unwrap();
-
-    let read = PgStore::read_only(config.clone()).await.unwrap();
-    let loaded = store.load().await.unwrap();
-    let key = |r: &procflow_store::Record| (r.id, r.parent, r.finished, r.value.to_vec());
-    assert_eq!(
-        read.records.iter().map(key).collect::<Vec<_>>(),
-        loaded.records.iter().map(key).collect::<Vec<_>>()
-    );
-    assert_eq!(read.records.len(), 2);
-    assert!(read.records[1].finished);
-    assert_eq!(read.meta, loaded.meta);
-    assert_eq!(read.meta["graph/m"], b"g");
-    // The store goes on: a read-only look took no lock it waits for.
-    store
-        .commit(Batch::new().put(3, None, vec![]))
-        .await
-        .unwrap();
-    assert_eq!(
-        PgStore::read_only(config.clone())
-            .await
-            .unwrap()
-            .records
-            .len(),
-        3
-    );
+    common::reads_what_load_reads(&store, || PgStore::read_only(config.clone())).await;
 
     let absent = PgConfig::new(server.connection_string(), fresh_schema());
     let error = PgStore::read_only(absent.clone()).await.err().unwrap();

@@ -5,39 +5,17 @@
 //! `sudo apt-get install -y etcd-server`; `scripts/install-test-deps.sh` installs both).
 
 mod common;
+#[path = "common/cli.rs"]
+mod run;
 
 use common::Bounded;
-use common::ops::{Job, Log, start_on, until};
-use procflow::executor::{Outcome, Status};
+use common::ops::{Log, bypassed_and_rolled_back, start_on, stuck_and_waiting};
 use procflow::store::Store;
 use procflow::store::etcd::{EtcdConfig, EtcdStore, LocalCluster};
 use procflow::store::postgres::{LocalPostgres, PgConfig, PgStore};
-use serde_json::Value;
-use std::process::Command;
+use run::{json, procflow, reads_stuck_and_waiting};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Runs the CLI; `(succeeded, stdout, stderr)`.
-fn procflow(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_procflow"))
-        .args(args)
-        .output()
-        .unwrap();
-    let text = |bytes: Vec<u8>| String::from_utf8(bytes).unwrap();
-    (out.status.success(), text(out.stdout), text(out.stderr))
-}
-
-/// A command at a place: `args` then `at`.
-fn at(args: &[&str], at: &[&str]) -> (bool, String, String) {
-    procflow(&[args, at].concat())
-}
-
-/// `args` at `place`, with `--json`, parsed.
-fn json(args: &[&str], place: &[&str]) -> Value {
-    let (ok, stdout, stderr) = at(&[args, &["--json"]].concat(), place);
-    assert!(ok, "procflow {args:?} failed: {stderr}");
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
-}
 
 /// The same on every shared store: an executor on `store` makes a stuck and a suspended
 /// procedure; the CLI at `place` reads them, and bypasses and aborts them through requests
@@ -46,57 +24,21 @@ fn json(args: &[&str], place: &[&str]) -> Value {
 async fn reads_and_leaves_requests(store: Arc<dyn Store>, place: &[&str], nowhere: &[&str]) {
     let log = Log::default();
     let executor = start_on(Arc::clone(&store), &log).await;
-    log.let_go("stuck");
-    let stuck = executor
-        .submit(Job::new("stuck").locking("ns/t1").failing_commit())
-        .await
-        .unwrap();
-    let waiting = executor.submit(Job::new("waiting")).await.unwrap();
-    until(&executor, stuck, |s| matches!(s, Status::Stuck { .. })).await;
-    until(&executor, waiting, |s| {
-        matches!(s, Status::Suspended { .. })
-    })
-    .await;
+    let (stuck, waiting) = stuck_and_waiting(&executor, &log).await;
 
     // What the executor stored, read from outside it while it runs.
-    let list = json(&["list"], place);
-    let rows = list.as_array().unwrap();
-    assert_eq!(rows.len(), 2, "{list}");
-    assert_eq!(rows[0]["state"], "Commit");
-    assert_eq!(rows[0]["status"]["name"], "stuck");
-    assert_eq!(rows[1]["status"]["name"], "suspended");
-    assert_eq!(rows[1]["status"]["event"], "go-waiting");
-    let only_stuck = json(&["list", "--status", "stuck"], place);
-    assert_eq!(only_stuck.as_array().unwrap().len(), 1);
-    let show = json(&["show", "1"], place);
-    assert_eq!(show["machine"], "job");
-    assert_eq!(show["summary"], "job stuck");
-    assert_eq!(show["locks"][0]["key"], "ns/t1");
-    let history = json(&["history", "1"], place);
-    assert_eq!(history[0]["outcome"], "Moved", "{history}");
-    let (ok, diagram, stderr) = at(&["diagram", "1"], place);
-    assert!(ok, "{stderr}");
-    assert!(diagram.contains("class Commit current"), "{diagram}");
-    let (ok, locks, stderr) = at(&["locks"], place);
-    assert!(ok && locks.contains("ns/t1"), "{locks}{stderr}");
+    reads_stuck_and_waiting(place);
 
     // Requests left in the shared store: the running executor finds them within its
     // request poll and carries them out.
     let bypass = ["bypass", "1", "--by", "erin", "--reason", "fixed by hand"];
-    let (ok, stdout, stderr) = at(&bypass, place);
+    let (ok, stdout, stderr) = procflow(&bypass, place);
     assert!(ok, "{stderr}");
     assert!(stdout.contains("stored procflow/request/"), "{stdout}");
     assert!(stdout.contains("within its request poll"), "{stdout}");
-    let (ok, _, stderr) = at(&["abort", "--status", "suspended", "--by", "erin"], place);
+    let (ok, _, stderr) = procflow(&["abort", "--status", "suspended", "--by", "erin"], place);
     assert!(ok, "{stderr}");
-    assert_eq!(
-        executor.wait(stuck).bounded().await.unwrap(),
-        Outcome::Bypassed
-    );
-    assert!(matches!(
-        executor.wait(waiting).bounded().await.unwrap(),
-        Outcome::RolledBack(_)
-    ));
+    bypassed_and_rolled_back(&executor, stuck, waiting).await;
     // Stuck, it kept retrying `Commit` every few milliseconds; bypassed, it runs nothing.
     let commits = log.count("commit stuck");
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -109,12 +51,12 @@ async fn reads_and_leaves_requests(store: Arc<dyn Store>, place: &[&str], nowher
     assert_eq!(show["status"]["name"], "bypassed");
     assert_eq!(show["bypass"]["by"], "erin");
     assert_eq!(show["holds_locks"], false);
-    let (ok, _, stderr) = at(&["abort", "99"], place);
+    let (ok, _, stderr) = procflow(&["abort", "99"], place);
     assert!(!ok && stderr.contains("no procedure #99"), "{stderr}");
 
     // A place that holds no store: reads and writes say so, and nothing is made there.
     for command in [&["list"][..], &["wake", "go"]] {
-        let (ok, _, stderr) = at(command, nowhere);
+        let (ok, _, stderr) = procflow(command, nowhere);
         assert!(
             !ok && stderr.contains("holds no procflow store"),
             "{stderr}"
@@ -137,15 +79,15 @@ async fn on_postgres_the_cli_reads_beside_the_executor_and_leaves_requests_it_ca
     let made = "SELECT count(*) FROM pg_namespace WHERE nspname = 'nothing_here'";
     let count: i64 = client.query_one(made, &[]).await.unwrap().get(0);
     assert_eq!(count, 0, "a mistyped schema was created");
-    let (ok, _, stderr) = procflow(&["list", "--postgres", &connection]);
+    let (ok, _, stderr) = procflow(&["list", "--postgres", &connection], &[]);
     assert!(!ok && stderr.contains("give --schema NAME"), "{stderr}");
-    let (ok, _, stderr) = procflow(&["list", "--store", "/nonexistent", "--schema", "ops"]);
+    let (ok, _, stderr) = procflow(&["list", "--store", "/nonexistent", "--schema", "ops"], &[]);
     assert!(
         !ok && stderr.contains("--schema names the schema of a --postgres store"),
         "{stderr}"
     );
     let refused = ["--postgres", "host=127.0.0.1 port=1", "--schema", "ops"];
-    let (ok, _, stderr) = at(&["list"], &refused);
+    let (ok, _, stderr) = procflow(&["list"], &refused);
     assert!(
         !ok && stderr.contains("port=1") && stderr.contains("Connection refused"),
         "names where it looked, and why it failed: {stderr}"
@@ -168,9 +110,12 @@ async fn on_etcd_the_cli_reads_beside_the_executor_and_leaves_requests_it_carrie
     let options = procflow::store::etcd::etcd_client::GetOptions::new().with_prefix();
     let under = kv.get("/nothing-here", Some(options)).await.unwrap();
     assert_eq!(under.kvs().len(), 0, "a mistyped prefix was written to");
-    let (ok, _, stderr) = procflow(&["list", "--etcd", &endpoints]);
+    let (ok, _, stderr) = procflow(&["list", "--etcd", &endpoints], &[]);
     assert!(!ok && stderr.contains("give --prefix PREFIX"), "{stderr}");
-    let (ok, _, stderr) = procflow(&["list", "--store", "/nonexistent", "--prefix", "/ops"]);
+    let (ok, _, stderr) = procflow(
+        &["list", "--store", "/nonexistent", "--prefix", "/ops"],
+        &[],
+    );
     assert!(
         !ok && stderr.contains("--prefix names the prefix of an --etcd store"),
         "{stderr}"

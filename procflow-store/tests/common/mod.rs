@@ -3,6 +3,7 @@
 
 pub mod contract;
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -155,4 +156,36 @@ pub async fn prefix_states(batches: &[Batch]) -> Vec<Loaded> {
         states.push(mem.load().await.unwrap());
     }
     states
+}
+
+/// The `read_only` tests of the shared stores: commits a parent, a child that ends and a
+/// metadata entry to `store`, reads them with `read_only`, and checks that it read what
+/// `load` reads; then commits a third record and checks that `read_only` sees it (it took
+/// no lock the store's writes wait for).
+pub async fn reads_what_load_reads<F: Future<Output = Result<Loaded, StoreError>>>(
+    store: &dyn Store,
+    read_only: impl Fn() -> F,
+) {
+    let batch = Batch::new()
+        .put(1, None, b"parent".to_vec())
+        .put(2, Some(1), b"child".to_vec())
+        .put_meta("graph/m", b"g".to_vec());
+    store.commit(batch).await.unwrap();
+    let finish = Batch::new().finish(2, b"child, ended".to_vec());
+    store.commit(finish).await.unwrap();
+
+    let read = read_only().await.unwrap();
+    let loaded = store.load().await.unwrap();
+    let key = |r: &procflow_store::Record| (r.id, r.parent, r.finished, r.value.to_vec());
+    let records = |l: &Loaded| l.records.iter().map(key).collect::<Vec<_>>();
+    assert_eq!(records(&read), records(&loaded));
+    assert_eq!(read.records.len(), 2);
+    assert!(read.records[1].finished);
+    assert_eq!(read.meta, loaded.meta);
+    assert_eq!(read.meta["graph/m"], b"g");
+    store
+        .commit(Batch::new().put(3, None, vec![]))
+        .await
+        .unwrap();
+    assert_eq!(read_only().await.unwrap().records.len(), 3);
 }

@@ -1,7 +1,7 @@
 //! A machine for the operator tests (`operator.rs`, `cli.rs`, `cli_shared.rs`): it takes a lock, waits
 //! for an event, then crosses a point of no return that can be made to fail for good.
 
-use procflow::executor::{Config, Executor, RetryPolicy, Status};
+use procflow::executor::{Config, Executor, Outcome, RetryPolicy, Status};
 use procflow::prelude::*;
 use procflow::store::{Store, WalConfig, WalStore};
 use serde::{Deserialize, Serialize};
@@ -195,4 +195,32 @@ pub async fn serve(executor: &Executor<Log>, token: &str) -> procflow::admin::Ad
         .serve()
         .await
         .unwrap()
+}
+
+/// A stuck procedure (#1: holds `ns/t1`, its `Commit` fails for good and is retried) and
+/// a suspended one (#2: waits for `go-waiting`), submitted to `executor` and waited for.
+pub async fn stuck_and_waiting(executor: &Executor<Log>, log: &Log) -> (ProcedureId, ProcedureId) {
+    log.let_go("stuck");
+    let stuck = executor
+        .submit(Job::new("stuck").locking("ns/t1").failing_commit())
+        .await
+        .unwrap();
+    let waiting = executor.submit(Job::new("waiting")).await.unwrap();
+    until(executor, stuck, |s| matches!(s, Status::Stuck { .. })).await;
+    until(executor, waiting, |s| matches!(s, Status::Suspended { .. })).await;
+    (stuck, waiting)
+}
+
+/// Waits until `stuck_and_waiting`'s procedures ended as a bypass and an abort of them
+/// make them end: bypassed, and rolled back.
+pub async fn bypassed_and_rolled_back(
+    executor: &Executor<Log>,
+    stuck: ProcedureId,
+    waiting: ProcedureId,
+) {
+    use super::Bounded;
+    let outcome = executor.wait(stuck).bounded().await.unwrap();
+    assert_eq!(outcome, Outcome::Bypassed);
+    let outcome = executor.wait(waiting).bounded().await.unwrap();
+    assert!(matches!(outcome, Outcome::RolledBack(_)), "{outcome:?}");
 }
