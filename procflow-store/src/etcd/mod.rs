@@ -200,12 +200,12 @@ impl EtcdStore {
     /// ```no_run
     /// use procflow_store::etcd::{EtcdConfig, EtcdStore};
     ///
-    /// # async fn look() -> Result<(), procflow_store::StoreError> {
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let config = EtcdConfig::new(["127.0.0.1:2379"], "/myapp/procedures");
     /// let loaded = EtcdStore::read_only(config).await?;
     /// println!("{} records", loaded.records.len());
-    /// # Ok(())
-    /// # }
+    /// # Ok::<(), procflow_store::StoreError>(())
+    /// # }).unwrap();
     /// ```
     pub async fn read_only(config: EtcdConfig) -> Result<Loaded, StoreError> {
         let shared = Shared::connect(&config).await?;

@@ -277,12 +277,12 @@ impl PgStore {
     /// ```no_run
     /// use procflow_store::postgres::{PgConfig, PgStore};
     ///
-    /// # async fn look() -> Result<(), procflow_store::StoreError> {
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let config = PgConfig::new("host=127.0.0.1 user=app dbname=app", "procedures");
     /// let loaded = PgStore::read_only(config).await?;
     /// println!("{} records", loaded.records.len());
-    /// # Ok(())
-    /// # }
+    /// # Ok::<(), procflow_store::StoreError>(())
+    /// # }).unwrap();
     /// ```
     pub async fn read_only(config: PgConfig) -> Result<Loaded, StoreError> {
         let shared = Shared::new(config)?;
