@@ -122,20 +122,21 @@ fn store(
         .map_err(|e| e.to_string())?;
     runtime.block_on(async {
         let when = "carried out when an executor next starts on the store";
-        store_requests(&store, make, when).await?;
+        let catalog = Catalog::load(&store).await.map_err(|e| e.to_string())?;
+        store_requests(&store, &catalog, make, when).await?;
         store.close().await.map_err(|e| e.to_string())
     })
 }
 
-/// Stores the requests `make` makes from the store's catalog, and says so, each with
-/// `when` it is carried out.
+/// Stores in `store` the requests `make` makes from `catalog` (the store's), and says so,
+/// each with `when` it is carried out.
 pub async fn store_requests(
     store: &dyn Store,
+    catalog: &Catalog,
     make: impl FnOnce(&dyn Procedures) -> Result<Vec<Request>, String>,
     when: &str,
 ) -> Result<(), String> {
-    let catalog = Catalog::load(store).await.map_err(|e| e.to_string())?;
-    let requests = make(&catalog)?;
+    let requests = make(catalog)?;
     if requests.is_empty() {
         return Err("no procedure matches".to_owned());
     }

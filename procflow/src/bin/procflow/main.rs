@@ -8,9 +8,8 @@
 //! CONNECTION --schema NAME` or `--etcd ENDPOINTS --prefix PREFIX` (a build with feature
 //! `postgres` or `etcd`), read commands read the shared store at one snapshot while
 //! executors run on it, and write commands leave their requests in it for the running
-//! leader, which polls for them. With `--url`, both go
-//! through a running executor's admin API (`procflow::admin`), and writes are carried out
-//! at once.
+//! leader, which polls for them. With `--url`, both go through a running executor's admin
+//! API (`procflow::admin`), and writes are carried out at once.
 //!
 //! - `args`: the command line;
 //! - `print`: tables for people, JSON for scripts;

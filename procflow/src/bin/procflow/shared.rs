@@ -6,7 +6,7 @@
 
 use crate::act::Procedures;
 use crate::args::Place;
-use procflow::operator::Request;
+use procflow::operator::{Catalog, Request};
 use procflow::store::Loaded;
 
 /// Where the store is: which backend, and its location.
@@ -66,12 +66,13 @@ pub fn leave(
         return Ok(false);
     };
     runtime()?.block_on(async {
-        // Not created if missing: a typo must not make an empty store.
-        place.read_only().await?;
+        // Read before it is opened, so that a typo does not make an empty store; the
+        // requests are checked against that snapshot (the executors go on regardless).
+        let catalog = Catalog::from_loaded(&place.read_only().await?);
         let store = place.open().await?;
         let when = "carried out by the running leader within its request poll, \
                     or by the next executor to start";
-        let stored = crate::act::store_requests(store.as_ref(), make, when).await;
+        let stored = crate::act::store_requests(store.as_ref(), &catalog, make, when).await;
         store.close().await.map_err(|e| e.to_string())?;
         stored.map(|()| true)
     })
