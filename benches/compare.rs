@@ -34,7 +34,11 @@
 //! a `MemStore` (workload 4's second baseline), `hand-wal:256` the same loop on the
 //! durable WAL (without its yields: a commit there suspends already); `batch-wal:1024` runs
 //! one step of each of its procedures per round and commits the round's steps as one batch,
-//! one task per worker (`compare/hand_batch.rs`), `batch-mem:1024` the same on a `MemStore`;
+//! one task per worker (`compare/hand_batch.rs`), `batch-mem:1024` the same on a `MemStore`,
+//! `batch-nosync:1024` on the WAL with `SyncMode::NoSync`; with `-- --duties` the rounds
+//! also do what the executor does around a plain step (a history, a record as large,
+//! shared counters, the table at the submit and the end: a compact executor's bound), and
+//! `-- --tasks N` runs N tasks of rounds in all instead of one per worker;
 //! `raw:1` is the raw
 //! write+fdatasync loop with records of a step's size. `-- --cell single:R` runs
 //! workload 1 alone, interleaved in R rounds over the cell's time; `-- --cell gap:G`
@@ -53,7 +57,7 @@
 //! procedures whose handler never returns, each keeping its task: `compare/in_flight.rs`).
 //! `-- --cell-ms MS` sets every cell's time (for a run under valgrind).
 //! `-- --threads` with a rate cell (`store`, `wal`, `nosync`, `mem`, `yield`, `answered`,
-//! `hand`, `hand-wal`, `batch-wal`, `batch-mem`) also prints, per thread name, the CPUs it
+//! `hand`, `hand-wal`, `batch-wal`, `batch-nosync`, `batch-mem`) also prints, per thread name, the CPUs it
 //! kept busy and its CPU time and scheduler delay per step over the cell's middle half
 //! (`compare/threads.rs`).
 //! `-- --history N` runs every workload with `Config::history = N` (default 32), to
@@ -63,7 +67,7 @@
 //! 15 minutes). The hand loops on a store (`hand`, `hand-wal`) take `-- --pad BYTES`
 //! (bytes added to every value) and `-- --keep-finished` (records finished, not deleted),
 //! to write as the executor does (`compare/hand_store.rs`); so do the rounds
-//! (`batch-wal`, `batch-mem`). `-- --touch LINES` makes every
+//! (`batch-wal`, `batch-nosync`, `batch-mem`). `-- --touch LINES` makes every
 //! step of the ten-step machine (the executor's and the hand loops') walk LINES cache
 //! lines of the procedure's own memory as a chain, to measure what a line a step finds
 //! cold costs (`compare/machine.rs`).
@@ -409,6 +413,7 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
                 | "hand"
                 | "hand-wal"
                 | "batch-wal"
+                | "batch-nosync"
                 | "batch-mem"
         ))
     .then(|| threads::Window::start(plan.cell));
@@ -453,9 +458,14 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
                 .await
                 .steps_per_sec()
         }),
-        "batch-wal" | "batch-mem" => runtime.block_on(async {
-            let wal = (kind == "batch-wal")
-                .then(|| Arc::new(WalStore::open(&dir, WalConfig::default()).expect("open WAL")));
+        "batch-wal" | "batch-nosync" | "batch-mem" => runtime.block_on(async {
+            let config = match kind {
+                "batch-wal" => Some(WalConfig::default()),
+                "batch-nosync" => Some(no_sync()),
+                _ => None,
+            };
+            let wal =
+                config.map(|config| Arc::new(WalStore::open(&dir, config).expect("open WAL")));
             let store: Arc<dyn Store> = match &wal {
                 Some(wal) => wal.clone(),
                 None => Arc::new(MemStore::new()),
@@ -559,7 +569,7 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             return;
         }
         other => panic!(
-            "unknown cell kind {other}: store, wal, nosync, mem, yield, answered, hand, hand-wal, batch-wal, batch-mem, raw, single, gap, ahead, latency, restart, durable, overhead or in-flight"
+            "unknown cell kind {other}: store, wal, nosync, mem, yield, answered, hand, hand-wal, batch-wal, batch-nosync, batch-mem, raw, single, gap, ahead, latency, restart, durable, overhead or in-flight"
         ),
     };
     println!("{cell}: {rate:.0}/s");

@@ -15,11 +15,19 @@
 //! (which carry the step history) do; `-- --keep-finished` finishes an ended procedure's
 //! record (`Op::Finish`, kept for good) instead of deleting it, as the executor keeps
 //! finished procedures for `Config::retention`.
+//!
+//! `-- --duties` (docs/BENCHMARKS.md, "Issue 33 in stop 73") makes the rounds do, on the
+//! same compact data, what the executor does around a plain forward step ([`Duties`]):
+//! the bound of a runner redesigned that way, all its per-step work included. `-- --tasks
+//! N` runs N tasks of rounds in all (default: one per worker), so that one task's commit
+//! overlaps another's steps.
 
 use crate::machine::{Payload, TenSteps, encode};
 use procflow::prelude::*;
 use procflow_store::{Batch, Store};
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// One procedure owned by a round's task.
@@ -58,13 +66,20 @@ pub async fn rounds_on_store(
 ) -> (u64, f64) {
     let pad = crate::flag_value("--pad", "--pad BYTES").unwrap_or(0);
     let keep_finished = std::env::args().any(|arg| arg == "--keep-finished");
+    let duties = std::env::args()
+        .any(|arg| arg == "--duties")
+        .then(|| Arc::new(Duties::new()));
     assert!(
         clients > 0,
         "--cell batch-wal:N and batch-mem:N need N of 1 or more"
     );
     // No task without a procedure: it would commit empty batches in a busy loop.
     let workers = tokio::runtime::Handle::current().metrics().num_workers() as u64;
-    let tasks = workers.min(clients).max(1);
+    // `--tasks N`: N tasks in all, whose rounds overlap (one's commit with another's steps).
+    let tasks = crate::flag_value("--tasks", "--tasks N")
+        .unwrap_or(workers)
+        .min(clients)
+        .max(1);
     let start = Instant::now();
     let deadline = start + duration;
     let rounds: Vec<_> = (0..tasks)
@@ -72,6 +87,15 @@ pub async fn rounds_on_store(
             let owned = clients / tasks + u64::from(task < clients % tasks);
             // Ids apart per task, as the hand loops number theirs per client.
             let first = (task << 40) + 1;
+            if let Some(duties) = &duties {
+                let rounds = rounds_with_duties(
+                    Arc::clone(&store),
+                    owned,
+                    (Arc::clone(duties), pad),
+                    deadline,
+                );
+                return tokio::spawn(rounds);
+            }
             tokio::spawn(rounds_of_one_task(
                 Arc::clone(&store),
                 first,
@@ -135,5 +159,228 @@ async fn rounds_of_one_task(
         }
         store.commit(batch).await.expect("commit");
     }
+    steps
+}
+
+/// `--duties`: what the executor does around a plain forward step besides the handler
+/// and the write, done in the rounds on compact data (docs/BENCHMARKS.md, "Issue 33 in
+/// stop 73"): the test that the executor is running and a worker permit (shared
+/// atomics), the step's clock reads and time, a wake-log count, the handler polled
+/// under `catch_unwind`, a history entry appended to the history the record keeps (the
+/// newest 32, encoded), the record encoded whole (a header like the envelope's, the
+/// state, the data, the history) into a block of its own, and the shared table's entry
+/// made at the submit and updated at the end, under its lock. What it leaves out: the
+/// `tracing` span and the `metrics` histogram (no subscriber nor recorder is installed in
+/// the bench, so the executor's are no-ops too).
+pub struct Duties {
+    running: AtomicBool,
+    permits: AtomicUsize,
+    wake_log: AtomicU64,
+    next_id: AtomicU64,
+    table: Mutex<HashMap<u64, [u64; 6]>>,
+}
+
+impl Duties {
+    fn new() -> Self {
+        Duties {
+            running: AtomicBool::new(true),
+            permits: AtomicUsize::new(0),
+            wake_log: AtomicU64::new(0),
+            next_id: AtomicU64::new(1),
+            table: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// The newest entries of a procedure's history, encoded, oldest first.
+#[derive(Default)]
+struct History {
+    bytes: Vec<u8>,
+    lengths: VecDeque<u16>,
+    dropped: u64,
+}
+
+/// Entries a record keeps, as `Config::history` by default.
+const HISTORY: usize = 32;
+
+impl History {
+    fn push(&mut self, state: &str, after_ms: u64) {
+        if self.lengths.len() == HISTORY {
+            let oldest = usize::from(self.lengths.pop_front().expect("full"));
+            self.bytes.drain(..oldest);
+            self.dropped += 1;
+        }
+        let before = self.bytes.len();
+        varint(&mut self.bytes, state.len() as u64);
+        self.bytes.extend_from_slice(state.as_bytes());
+        self.bytes.push(0); // kind: Execute
+        varint(&mut self.bytes, after_ms);
+        self.bytes.push(0); // outcome: Moved
+        self.lengths
+            .push_back(u16::try_from(self.bytes.len() - before).expect("short entry"));
+    }
+}
+
+fn varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push(value as u8 | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |t| t.as_millis() as u64)
+}
+
+/// A procedure's record as the duties write it: an envelope-like head, the state and
+/// data, the history.
+fn record(procedure: &Owned, history: &History, submitted_ms: u64, updated_ms: u64) -> Vec<u8> {
+    const MACHINE: &str = "bench_ten_steps";
+    let mut value = Vec::with_capacity(96 + procedure.payload.data.len() + history.bytes.len());
+    value.push(1); // version
+    varint(&mut value, procedure.id);
+    varint(&mut value, MACHINE.len() as u64);
+    value.extend_from_slice(MACHINE.as_bytes());
+    varint(&mut value, submitted_ms);
+    varint(&mut value, updated_ms);
+    value.extend_from_slice(&[0; 24]); // wait, trouble, deadline, locks, nonce, summary
+    value.push(u8::try_from(procedure.state.index()).expect("fewer than 256 states"));
+    varint(&mut value, procedure.payload.data.len() as u64);
+    value.extend_from_slice(&procedure.payload.data);
+    varint(&mut value, history.dropped);
+    varint(&mut value, history.lengths.len() as u64);
+    value.extend_from_slice(&history.bytes);
+    value
+}
+
+/// One procedure of the duties' rounds: the compact data and what the executor keeps
+/// beside it.
+struct Kept {
+    procedure: Owned,
+    history: History,
+    submitted_ms: u64,
+}
+
+impl Kept {
+    fn submit(duties: &Duties, env: &Arc<()>) -> Self {
+        let id = duties.next_id.fetch_add(1, Ordering::Relaxed);
+        let submitted_ms = wall_ms();
+        duties
+            .table
+            .lock()
+            .expect("table")
+            .insert(id, [id, submitted_ms, 0, 0, 0, 0]);
+        Kept {
+            procedure: Owned::new(id, env),
+            history: History::default(),
+            submitted_ms,
+        }
+    }
+
+    /// Its record now, `pad` bytes longer (`--pad`, to write as much as the executor).
+    fn value(&self, updated_ms: u64, pad: usize) -> Vec<u8> {
+        let mut value = record(
+            &self.procedure,
+            &self.history,
+            self.submitted_ms,
+            updated_ms,
+        );
+        value.resize(value.len() + pad, 0);
+        value
+    }
+
+    /// One step with the duties around it; `false` if the executor stopped.
+    async fn step(&mut self, duties: &Duties) -> bool {
+        if !duties.running.load(Ordering::Acquire) {
+            return false;
+        }
+        duties.permits.fetch_add(1, Ordering::AcqRel);
+        let started = Instant::now();
+        duties.wake_log.fetch_add(1, Ordering::Relaxed);
+        let procedure = &mut self.procedure;
+        let state = procedure.state;
+        let mut handler =
+            std::pin::pin!(state.execute_from_state(&mut procedure.payload, &procedure.ctx));
+        let outcome = std::future::poll_fn(|cx| {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                handler.as_mut().poll(cx)
+            })) {
+                Ok(poll) => poll,
+                Err(_) => panic!("a bench handler panicked"),
+            }
+        })
+        .await;
+        duties.permits.fetch_sub(1, Ordering::AcqRel);
+        let took = started.elapsed();
+        std::hint::black_box(took.as_secs_f64());
+        procedure.state = match outcome {
+            Ok(Flow::Next(next)) => next,
+            Ok(_) => unreachable!("the bench machine's handlers only move on"),
+            Err(error) => panic!("step {state:?} failed: {error}"),
+        };
+        let now = wall_ms();
+        self.history
+            .push(state.name(), now.saturating_sub(self.submitted_ms));
+        true
+    }
+
+    /// The end: the table's entry updated, under its lock.
+    fn end(&self, duties: &Duties, now: u64) {
+        if let Some(entry) = duties
+            .table
+            .lock()
+            .expect("table")
+            .get_mut(&self.procedure.id)
+        {
+            entry[2] = now;
+            entry[3] = 1;
+        }
+    }
+}
+
+/// [`rounds_of_one_task`] with the executor's duties (`--duties`).
+async fn rounds_with_duties(
+    store: Arc<dyn Store>,
+    owned: u64,
+    (duties, pad): (Arc<Duties>, usize),
+    deadline: Instant,
+) -> u64 {
+    let mut bytes = 0usize;
+    let mut values = 0usize;
+    let env = Arc::new(());
+    let mut procedures: Vec<Kept> = (0..owned).map(|_| Kept::submit(&duties, &env)).collect();
+    let now = wall_ms();
+    let initial = procedures.iter().fold(Batch::new(), |batch, kept| {
+        batch.put(kept.procedure.id, None, kept.value(now, pad))
+    });
+    store.commit(initial).await.expect("commit");
+    let mut steps = 0;
+    while Instant::now() < deadline {
+        let mut batch = Batch::new();
+        for kept in &mut procedures {
+            if !kept.step(&duties).await {
+                return steps;
+            }
+            steps += 1;
+            let now = wall_ms();
+            let value = kept.value(now, pad);
+            bytes += value.len();
+            values += 1;
+            if kept.procedure.state.is_terminal() {
+                // The last step's record is the finish, kept for the retention window.
+                batch = batch.finish(kept.procedure.id, value);
+                kept.end(&duties, now);
+                *kept = Kept::submit(&duties, &env);
+                batch = batch.put(kept.procedure.id, None, kept.value(now, pad));
+            } else {
+                batch = batch.put(kept.procedure.id, None, value);
+            }
+        }
+        store.commit(batch).await.expect("commit");
+    }
+    println!("duties: records of {} B on average", bytes / values.max(1));
     steps
 }
