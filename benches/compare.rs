@@ -37,8 +37,10 @@
 //! one task per worker (`compare/hand_batch.rs`), `batch-mem:1024` the same on a `MemStore`,
 //! `batch-nosync:1024` on the WAL with `SyncMode::NoSync`; with `-- --duties` the rounds
 //! also do what the executor does around a plain step (a history, a record as large,
-//! shared counters, the table at the submit and the end: a compact executor's bound), and
-//! `-- --tasks N` runs N tasks of rounds in all instead of one per worker;
+//! shared counters, the table at the submit and the end: a compact executor's bound),
+//! `-- --tasks N` runs N tasks of rounds in all instead of one per worker, and
+//! `-- --affine` each on a thread of its own; `batch-par:1024 --duties` runs them on a
+//! log they append to themselves, which one thread only syncs (`compare/parallel_log.rs`);
 //! `raw:1` is the raw
 //! write+fdatasync loop with records of a step's size. `-- --cell single:R` runs
 //! workload 1 alone, interleaved in R rounds over the cell's time; `-- --cell gap:G`
@@ -57,7 +59,7 @@
 //! procedures whose handler never returns, each keeping its task: `compare/in_flight.rs`).
 //! `-- --cell-ms MS` sets every cell's time (for a run under valgrind).
 //! `-- --threads` with a rate cell (`store`, `wal`, `nosync`, `mem`, `yield`, `answered`,
-//! `hand`, `hand-wal`, `batch-wal`, `batch-nosync`, `batch-mem`) also prints, per thread name, the CPUs it
+//! `hand`, `hand-wal`, `batch-wal`, `batch-nosync`, `batch-par`, `batch-mem`) also prints, per thread name, the CPUs it
 //! kept busy and its CPU time and scheduler delay per step over the cell's middle half
 //! (`compare/threads.rs`).
 //! `-- --history N` runs every workload with `Config::history = N` (default 32), to
@@ -129,6 +131,8 @@ mod in_flight;
 mod latency;
 #[path = "compare/machine.rs"]
 mod machine;
+#[path = "compare/parallel_log.rs"]
+mod parallel_log;
 #[path = "compare/parked.rs"]
 mod parked;
 #[cfg(feature = "postgres")]
@@ -399,6 +403,12 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
     let (kind, clients) = cell.split_once(':').expect("--cell KIND:CONCURRENCY");
     let clients: u64 = clients.parse().expect("a concurrency");
     let dir = base.join("cell");
+    // The parallel log's space is written ahead before the cell, outside its window.
+    let parallel_log = (kind == "batch-par").then(|| {
+        // Room for the cell at 1.5 million steps/s of 300-byte frames.
+        let capacity = (plan.cell.as_secs_f64() * 1.5e6 * 300.0) as u64 + (64 << 20);
+        parallel_log::ParallelLog::create(&dir, capacity)
+    });
     // `--threads`: where the cell's CPU goes (see `threads.rs`); for the cells whose
     // figure is a rate, whose setup is short beside the cell.
     let window = (std::env::args().any(|arg| arg == "--threads")
@@ -414,6 +424,7 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
                 | "hand-wal"
                 | "batch-wal"
                 | "batch-nosync"
+                | "batch-par"
                 | "batch-mem"
         ))
     .then(|| threads::Window::start(plan.cell));
@@ -458,6 +469,17 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
                 .await
                 .steps_per_sec()
         }),
+        "batch-par" => runtime.block_on(async {
+            let log = parallel_log.expect("made for batch-par");
+            let store: Arc<dyn Store> = Arc::new(MemStore::new());
+            let (steps, rate) =
+                hand_batch::rounds_on_store(store, Some(Arc::clone(&log)), clients, plan.cell)
+                    .await;
+            log.stop();
+            let per_sync = steps as f64 / log.syncs().max(1) as f64;
+            println!("{cell}: {per_sync:.0} steps per sync");
+            rate
+        }),
         "batch-wal" | "batch-nosync" | "batch-mem" => runtime.block_on(async {
             let config = match kind {
                 "batch-wal" => Some(WalConfig::default()),
@@ -470,7 +492,7 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
                 Some(wal) => wal.clone(),
                 None => Arc::new(MemStore::new()),
             };
-            let (steps, rate) = hand_batch::rounds_on_store(store, clients, plan.cell).await;
+            let (steps, rate) = hand_batch::rounds_on_store(store, None, clients, plan.cell).await;
             if let Some(wal) = wal {
                 // Set beside the executor's `wal` cell: how many steps one sync carries.
                 let per_sync = steps as f64 / wal.stats().group_syncs.max(1) as f64;
@@ -569,7 +591,7 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             return;
         }
         other => panic!(
-            "unknown cell kind {other}: store, wal, nosync, mem, yield, answered, hand, hand-wal, batch-wal, batch-nosync, batch-mem, raw, single, gap, ahead, latency, restart, durable, overhead or in-flight"
+            "unknown cell kind {other}: store, wal, nosync, mem, yield, answered, hand, hand-wal, batch-wal, batch-nosync, batch-par, batch-mem, raw, single, gap, ahead, latency, restart, durable, overhead or in-flight"
         ),
     };
     println!("{cell}: {rate:.0}/s");

@@ -20,9 +20,13 @@
 //! same compact data, what the executor does around a plain forward step ([`Duties`]):
 //! the bound of a runner redesigned that way, all its per-step work included. `-- --tasks
 //! N` runs N tasks of rounds in all (default: one per worker), so that one task's commit
-//! overlaps another's steps.
+//! overlaps another's steps; `-- --affine` runs each task on a thread of its own (a
+//! current-thread runtime), so that it and its procedures' memory stay on one CPU. With a
+//! [`ParallelLog`] (`--cell batch-par:N`) each round also appends its records to that log
+//! and waits for the sync that covers them.
 
 use crate::machine::{Payload, TenSteps, encode};
+use crate::parallel_log::{self, ParallelLog};
 use procflow::prelude::*;
 use procflow_store::{Batch, Store};
 use std::collections::{HashMap, VecDeque};
@@ -61,6 +65,7 @@ impl Owned {
 /// steps per second.
 pub async fn rounds_on_store(
     store: Arc<dyn Store>,
+    log: Option<Arc<ParallelLog>>,
     clients: u64,
     duration: Duration,
 ) -> (u64, f64) {
@@ -80,6 +85,8 @@ pub async fn rounds_on_store(
         .unwrap_or(workers)
         .min(clients)
         .max(1);
+    // `--affine`: each task of rounds on a thread of its own (a current-thread runtime).
+    let affine = std::env::args().any(|arg| arg == "--affine");
     let start = Instant::now();
     let deadline = start + duration;
     let rounds: Vec<_> = (0..tasks)
@@ -89,13 +96,24 @@ pub async fn rounds_on_store(
             let first = (task << 40) + 1;
             if let Some(duties) = &duties {
                 let rounds = rounds_with_duties(
-                    Arc::clone(&store),
+                    (Arc::clone(&store), log.clone()),
                     owned,
                     (Arc::clone(duties), pad),
                     deadline,
                 );
+                if affine {
+                    // A thread of its own, never sharing a worker or moving between them.
+                    return tokio::task::spawn_blocking(move || {
+                        tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                            .expect("a runtime for one task of rounds")
+                            .block_on(rounds)
+                    });
+                }
                 return tokio::spawn(rounds);
             }
+            assert!(log.is_none(), "--cell batch-par:N needs --duties");
             tokio::spawn(rounds_of_one_task(
                 Arc::clone(&store),
                 first,
@@ -343,7 +361,7 @@ impl Kept {
 
 /// [`rounds_of_one_task`] with the executor's duties (`--duties`).
 async fn rounds_with_duties(
-    store: Arc<dyn Store>,
+    (store, log): (Arc<dyn Store>, Option<Arc<ParallelLog>>),
     owned: u64,
     (duties, pad): (Arc<Duties>, usize),
     deadline: Instant,
@@ -358,8 +376,11 @@ async fn rounds_with_duties(
     });
     store.commit(initial).await.expect("commit");
     let mut steps = 0;
+    // The round's records framed for the parallel log, if there is one.
+    let mut frames = Vec::new();
     while Instant::now() < deadline {
         let mut batch = Batch::new();
+        frames.clear();
         for kept in &mut procedures {
             if !kept.step(&duties).await {
                 return steps;
@@ -369,6 +390,9 @@ async fn rounds_with_duties(
             let value = kept.value(now, pad);
             bytes += value.len();
             values += 1;
+            if log.is_some() {
+                parallel_log::frame(&mut frames, kept.procedure.id, &value);
+            }
             if kept.procedure.state.is_terminal() {
                 // The last step's record is the finish, kept for the retention window.
                 batch = batch.finish(kept.procedure.id, value);
@@ -380,6 +404,11 @@ async fn rounds_with_duties(
             }
         }
         store.commit(batch).await.expect("commit");
+        if let Some(log) = &log {
+            // The round's records on this thread, then the wait for the sync that covers them.
+            let end = log.append(&frames);
+            log.durable(end).await;
+        }
     }
     println!("duties: records of {} B on average", bytes / values.max(1));
     steps
