@@ -39,7 +39,8 @@
 //! also do what the executor does around a plain step (a history, a record as large,
 //! shared counters, the table at the submit and the end: a compact executor's bound),
 //! `-- --tasks N` runs N tasks of rounds in all instead of one per worker, and
-//! `-- --affine` each on a thread of its own; `batch-par:1024 --duties` runs them on a
+//! `-- --affine` each on a thread of its own, `-- --clients` gives each procedure a
+//! client task that submits it and waits for its end; `batch-par:1024 --duties` runs them on a
 //! log they append to themselves, which one thread only syncs (`compare/parallel_log.rs`);
 //! `raw:1` is the raw
 //! write+fdatasync loop with records of a step's size. `-- --cell single:R` runs

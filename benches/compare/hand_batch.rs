@@ -23,7 +23,8 @@
 //! overlaps another's steps; `-- --affine` runs each task on a thread of its own (a
 //! current-thread runtime), so that it and its procedures' memory stay on one CPU. With a
 //! [`ParallelLog`] (`--cell batch-par:N`) each round also appends its records to that log
-//! and waits for the sync that covers them.
+//! and waits for the sync that covers them. `-- --clients` gives each procedure a client
+//! task, as the executor's cells have: it submits, waits for the end, submits again.
 
 use crate::machine::{Payload, TenSteps, encode};
 use crate::parallel_log::{self, ParallelLog};
@@ -280,10 +281,17 @@ struct Kept {
     procedure: Owned,
     history: History,
     submitted_ms: u64,
+    /// Its client, told of its end (`--clients`).
+    client: Option<Ended>,
 }
 
 impl Kept {
     fn submit(duties: &Duties, env: &Arc<()>) -> Self {
+        Self::submit_for(duties, env, None)
+    }
+
+    /// A procedure submitted by `client`, if given.
+    fn submit_for(duties: &Duties, env: &Arc<()>, client: Option<Ended>) -> Self {
         let id = duties.next_id.fetch_add(1, Ordering::Relaxed);
         let submitted_ms = wall_ms();
         duties
@@ -295,6 +303,7 @@ impl Kept {
             procedure: Owned::new(id, env),
             history: History::default(),
             submitted_ms,
+            client,
         }
     }
 
@@ -359,57 +368,149 @@ impl Kept {
     }
 }
 
-/// [`rounds_of_one_task`] with the executor's duties (`--duties`).
+/// [`rounds_of_one_task`] with the executor's duties (`--duties`). With `--clients`,
+/// each of the `owned` procedures has a client task, as the executor's cells do: it
+/// submits a procedure through a channel the rounds take from at the start of each round,
+/// waits for its end on a channel of its own, and submits the next.
 async fn rounds_with_duties(
     (store, log): (Arc<dyn Store>, Option<Arc<ParallelLog>>),
     owned: u64,
     (duties, pad): (Arc<Duties>, usize),
     deadline: Instant,
 ) -> u64 {
-    let mut bytes = 0usize;
-    let mut values = 0usize;
     let env = Arc::new(());
-    let mut procedures: Vec<Kept> = (0..owned).map(|_| Kept::submit(&duties, &env)).collect();
+    let clients = std::env::args().any(|arg| arg == "--clients");
+    let (submit, mut submitted) = tokio::sync::mpsc::unbounded_channel();
+    let mut procedures: Vec<Kept> = if clients {
+        for _ in 0..owned {
+            tokio::spawn(client(submit.clone(), deadline));
+        }
+        Vec::new()
+    } else {
+        (0..owned).map(|_| Kept::submit(&duties, &env)).collect()
+    };
+    drop(submit);
+    let mut round = Round::new(log.is_some());
     let now = wall_ms();
-    let initial = procedures.iter().fold(Batch::new(), |batch, kept| {
-        batch.put(kept.procedure.id, None, kept.value(now, pad))
-    });
-    store.commit(initial).await.expect("commit");
+    for kept in &procedures {
+        round.put(kept.procedure.id, kept.value(now, pad));
+    }
+    store.commit(round.take()).await.expect("commit");
     let mut steps = 0;
-    // The round's records framed for the parallel log, if there is one.
-    let mut frames = Vec::new();
     while Instant::now() < deadline {
-        let mut batch = Batch::new();
-        frames.clear();
-        for kept in &mut procedures {
+        if clients {
+            if procedures.is_empty() {
+                let Some(first) = submitted.recv().await else {
+                    break;
+                };
+                procedures.push(Kept::submit_for(&duties, &env, Some(first)));
+                let kept = procedures.last().expect("just pushed");
+                round.put(kept.procedure.id, kept.value(wall_ms(), pad));
+            }
+            while let Ok(waiting) = submitted.try_recv() {
+                procedures.push(Kept::submit_for(&duties, &env, Some(waiting)));
+                let kept = procedures.last().expect("just pushed");
+                round.put(kept.procedure.id, kept.value(wall_ms(), pad));
+            }
+        }
+        let mut at = 0;
+        while at < procedures.len() {
+            let kept = &mut procedures[at];
             if !kept.step(&duties).await {
                 return steps;
             }
             steps += 1;
             let now = wall_ms();
             let value = kept.value(now, pad);
-            bytes += value.len();
-            values += 1;
-            if log.is_some() {
-                parallel_log::frame(&mut frames, kept.procedure.id, &value);
+            if !kept.procedure.state.is_terminal() {
+                round.put(kept.procedure.id, value);
+                at += 1;
+                continue;
             }
-            if kept.procedure.state.is_terminal() {
-                // The last step's record is the finish, kept for the retention window.
-                batch = batch.finish(kept.procedure.id, value);
-                kept.end(&duties, now);
-                *kept = Kept::submit(&duties, &env);
-                batch = batch.put(kept.procedure.id, None, kept.value(now, pad));
+            // The last step's record is the finish, kept for the retention window.
+            round.finish(kept.procedure.id, value);
+            kept.end(&duties, now);
+            if clients {
+                if let Some(client) = procedures.swap_remove(at).client {
+                    let _ = client.send(());
+                }
             } else {
-                batch = batch.put(kept.procedure.id, None, value);
+                *kept = Kept::submit(&duties, &env);
+                round.put(kept.procedure.id, kept.value(now, pad));
+                at += 1;
             }
         }
-        store.commit(batch).await.expect("commit");
-        if let Some(log) = &log {
-            // The round's records on this thread, then the wait for the sync that covers them.
-            let end = log.append(&frames);
+        let frames_end = log.as_ref().map(|log| log.append(&round.frames));
+        store.commit(round.take()).await.expect("commit");
+        if let (Some(log), Some(end)) = (&log, frames_end) {
+            // The round's records are on the file: wait for the sync that covers them.
             log.durable(end).await;
         }
     }
-    println!("duties: records of {} B on average", bytes / values.max(1));
+    println!(
+        "duties: records of {} B on average",
+        round.bytes / round.values.max(1)
+    );
     steps
 }
+
+/// The writes of one round: a batch for the store, and the same records framed for the
+/// parallel log if there is one.
+struct Round {
+    batch: Batch,
+    frames: Vec<u8>,
+    framed: bool,
+    /// The bytes and number of values written, over every round.
+    bytes: usize,
+    values: usize,
+}
+
+impl Round {
+    fn new(framed: bool) -> Self {
+        Round {
+            batch: Batch::new(),
+            frames: Vec::new(),
+            framed,
+            bytes: 0,
+            values: 0,
+        }
+    }
+
+    fn count(&mut self, id: u64, value: &[u8]) {
+        self.bytes += value.len();
+        self.values += 1;
+        if self.framed {
+            parallel_log::frame(&mut self.frames, id, value);
+        }
+    }
+
+    fn put(&mut self, id: u64, value: Vec<u8>) {
+        self.count(id, &value);
+        self.batch = std::mem::take(&mut self.batch).put(id, None, value);
+    }
+
+    fn finish(&mut self, id: u64, value: Vec<u8>) {
+        self.count(id, &value);
+        self.batch = std::mem::take(&mut self.batch).finish(id, value);
+    }
+
+    /// The round's batch; its frames are cleared for the next round.
+    fn take(&mut self) -> Batch {
+        self.frames.clear();
+        std::mem::take(&mut self.batch)
+    }
+}
+
+/// A client of `--clients`: submits a procedure, waits for its end, again until
+/// `deadline`.
+async fn client(submit: tokio::sync::mpsc::UnboundedSender<Ended>, deadline: Instant) {
+    while Instant::now() < deadline {
+        let (ended, end) = tokio::sync::oneshot::channel();
+        if submit.send(ended).is_err() || end.await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Where a procedure's client hears of its end.
+type Ended = tokio::sync::oneshot::Sender<()>;
