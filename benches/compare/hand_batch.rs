@@ -190,7 +190,9 @@ async fn rounds_of_one_task(
 /// state, the data, the history) into a block of its own, and the shared table's entry
 /// made at the submit and updated at the end, under its lock. What it leaves out: the
 /// `tracing` span and the `metrics` histogram (no subscriber nor recorder is installed in
-/// the bench, so the executor's are no-ops too).
+/// the bench, so the executor's are no-ops too), lock and deadline checks (the bench's
+/// machine has neither), and the executor's other work once a procedure (the client's
+/// side of it is `--clients`).
 pub struct Duties {
     running: AtomicBool,
     permits: AtomicUsize,
@@ -399,18 +401,20 @@ async fn rounds_with_duties(
     let mut steps = 0;
     while Instant::now() < deadline {
         if clients {
-            if procedures.is_empty() {
-                let Some(first) = submitted.recv().await else {
-                    break;
-                };
-                procedures.push(Kept::submit_for(&duties, &env, Some(first)));
-                let kept = procedures.last().expect("just pushed");
+            // With nothing to step, wait for one submit; then take every one waiting.
+            let first = if procedures.is_empty() {
+                match submitted.recv().await {
+                    Some(first) => Some(first),
+                    None => break,
+                }
+            } else {
+                None
+            };
+            let waiting = std::iter::from_fn(|| submitted.try_recv().ok());
+            for client in first.into_iter().chain(waiting) {
+                let kept = Kept::submit_for(&duties, &env, Some(client));
                 round.put(kept.procedure.id, kept.value(wall_ms(), pad));
-            }
-            while let Ok(waiting) = submitted.try_recv() {
-                procedures.push(Kept::submit_for(&duties, &env, Some(waiting)));
-                let kept = procedures.last().expect("just pushed");
-                round.put(kept.procedure.id, kept.value(wall_ms(), pad));
+                procedures.push(kept);
             }
         }
         let mut at = 0;
