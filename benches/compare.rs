@@ -41,7 +41,9 @@
 //! `-- --tasks N` runs N tasks of rounds in all instead of one per worker, and
 //! `-- --affine` each on a thread of its own, `-- --clients` gives each procedure a
 //! client task that submits it and waits for its end; `batch-par:1024 --duties` runs them on a
-//! log they append to themselves, which one thread only syncs (`compare/parallel_log.rs`);
+//! log they append to themselves, which one thread only syncs (`compare/parallel_log.rs`),
+//! and `batch-own:1024` on the WAL with `WalConfig::caller_writes`, each round's batch
+//! written by its own task; `wal-own:1024` is the executor on that WAL;
 //! `raw:1` is the raw
 //! write+fdatasync loop with records of a step's size. `-- --cell single:R` runs
 //! workload 1 alone, interleaved in R rounds over the cell's time; `-- --cell gap:G`
@@ -60,7 +62,7 @@
 //! procedures whose handler never returns, each keeping its task: `compare/in_flight.rs`).
 //! `-- --cell-ms MS` sets every cell's time (for a run under valgrind).
 //! `-- --threads` with a rate cell (`store`, `wal`, `nosync`, `mem`, `yield`, `answered`,
-//! `hand`, `hand-wal`, `batch-wal`, `batch-nosync`, `batch-par`, `batch-mem`) also prints, per thread name, the CPUs it
+//! `hand`, `hand-wal`, `batch-wal`, `batch-nosync`, `batch-par`, `batch-own`, `batch-mem`, `wal-own`) also prints, per thread name, the CPUs it
 //! kept busy and its CPU time and scheduler delay per step over the cell's middle half
 //! (`compare/threads.rs`).
 //! `-- --history N` runs every workload with `Config::history = N` (default 32), to
@@ -418,6 +420,7 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             "store"
                 | "wal"
                 | "nosync"
+                | "wal-own"
                 | "mem"
                 | "yield"
                 | "answered"
@@ -426,6 +429,7 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
                 | "batch-wal"
                 | "batch-nosync"
                 | "batch-par"
+                | "batch-own"
                 | "batch-mem"
         ))
     .then(|| threads::Window::start(plan.cell));
@@ -438,9 +442,10 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
                 .block_on(store_commit_loop(store, clients, 168, plan.cell))
                 .0
         }
-        "wal" | "nosync" | "mem" | "yield" | "answered" => runtime.block_on(async {
+        "wal" | "nosync" | "wal-own" | "mem" | "yield" | "answered" => runtime.block_on(async {
             let wal = match kind {
                 "wal" => Some(WalStore::open(&dir, WalConfig::default()).expect("open WAL")),
+                "wal-own" => Some(WalStore::open(&dir, caller_writes()).expect("open WAL")),
                 "nosync" => Some(WalStore::open(&dir, no_sync()).expect("open WAL")),
                 _ => None,
             }
@@ -481,9 +486,10 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             println!("{cell}: {per_sync:.0} steps per sync");
             rate
         }),
-        "batch-wal" | "batch-nosync" | "batch-mem" => runtime.block_on(async {
+        "batch-wal" | "batch-nosync" | "batch-own" | "batch-mem" => runtime.block_on(async {
             let config = match kind {
                 "batch-wal" => Some(WalConfig::default()),
+                "batch-own" => Some(caller_writes()),
                 "batch-nosync" => Some(no_sync()),
                 _ => None,
             };
@@ -592,7 +598,7 @@ fn one_cell(cell: &str, plan: &Plan, runtime: &Runtime, base: &Path) {
             return;
         }
         other => panic!(
-            "unknown cell kind {other}: store, wal, nosync, mem, yield, answered, hand, hand-wal, batch-wal, batch-nosync, batch-par, batch-mem, raw, single, gap, ahead, latency, restart, durable, overhead or in-flight"
+            "unknown cell kind {other}: store, wal, nosync, mem, yield, answered, hand, hand-wal, batch-wal, batch-nosync, batch-par, batch-own, batch-mem, wal-own, raw, single, gap, ahead, latency, restart, durable, overhead or in-flight"
         ),
     };
     println!("{cell}: {rate:.0}/s");
@@ -626,6 +632,14 @@ fn header(plan: &Plan, dir: &Path) {
 }
 
 /// The WAL's settings without `fdatasync`.
+/// The WAL whose commits write their own records, the committer thread only syncing.
+fn caller_writes() -> WalConfig {
+    WalConfig {
+        caller_writes: true,
+        ..WalConfig::default()
+    }
+}
+
 fn no_sync() -> WalConfig {
     WalConfig {
         sync: SyncMode::NoSync,

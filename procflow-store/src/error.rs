@@ -107,7 +107,6 @@ impl StoreError {
     /// Every variant is copied as itself, with no catch-all: a member given another
     /// variant would be told something else than the others, such as a refusal that
     /// changed nothing (`Encoding`) where the outcome is unknown (`Poisoned`).
-    #[cfg(any(feature = "etcd", feature = "postgres"))]
     pub(crate) fn duplicate(&self) -> Self {
         match self {
             StoreError::Io {

@@ -21,6 +21,23 @@ async fn passes_the_store_contract() {
     }
 }
 
+/// The same with commits that write their own records (`WalConfig::caller_writes`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passes_the_store_contract_with_caller_writes() {
+    for env in Env::all() {
+        let config = WalConfig {
+            caller_writes: true,
+            ..WalConfig::default()
+        };
+        common::contract::run_all(|| async {
+            common::contract::Subject::counting(Arc::new(
+                env.open_at(&env.fresh_dir(), config.clone()).unwrap(),
+            ))
+        })
+        .await;
+    }
+}
+
 #[tokio::test]
 async fn reopen_restores_records_meta_and_fencing_token() {
     for env in Env::all() {

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! crash_worker --dir DIR [--procedures 200] [--steps 20] [--step-ms 10] [--non-idempotent]
-//!              [--segment-kib 65536] [--pad 0] [--suspend-every 0]
+//!              [--segment-kib 65536] [--pad 0] [--suspend-every 0] [--caller-writes]
 //! ```
 //!
 //! Runs `--procedures` procedures of `--steps` steps on a durable `WalStore` in
@@ -19,7 +19,9 @@
 //! of its mappings of the log's files. `--suspend-every K` has every K-th step first wait
 //! for an event of its own, which a task of the worker sends a while later: a kill then
 //! leaves procedures suspended, which the next start loads dormant; each start appends
-//! how many it loaded so to `DIR/dormant`. Prints `done N succeeded M` and exits 0 once
+//! how many it loaded so to `DIR/dormant`. `--caller-writes` opens the store with
+//! `WalConfig::caller_writes`: each commit writes its own record, out of order with the
+//! others, so a kill can leave a gap before records written after it. Prints `done N succeeded M` and exits 0 once
 //! all ended; exits 1 on any error.
 
 use procflow::executor::{Executor, Outcome, Status, SubmitOptions};
@@ -109,6 +111,7 @@ struct Args {
     segment_kib: u64,
     pad: usize,
     suspend_every: u32,
+    caller_writes: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -121,6 +124,7 @@ fn parse_args() -> Result<Args, String> {
         segment_kib: WalConfig::default().segment_size / 1024,
         pad: 0,
         suspend_every: 0,
+        caller_writes: false,
     };
     let mut dir = None;
     let mut it = std::env::args().skip(1);
@@ -142,6 +146,7 @@ fn parse_args() -> Result<Args, String> {
             "--suspend-every" => {
                 args.suspend_every = u32::try_from(number(value()?)?).map_err(|e| e.to_string())?
             }
+            "--caller-writes" => args.caller_writes = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -213,6 +218,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(&ledger_dir)?;
     let config = WalConfig {
         segment_size: args.segment_kib * 1024,
+        caller_writes: args.caller_writes,
         ..WalConfig::default()
     };
     let store = Arc::new(WalStore::open(args.dir.join("wal"), config)?);

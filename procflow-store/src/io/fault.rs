@@ -76,6 +76,14 @@ impl LogFile for FaultFile {
         self.inner.append(buf)
     }
 
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        if self.counter.tick() {
+            self.inner.write_at(offset, &buf[..buf.len() / 2])?;
+            return Err(injected());
+        }
+        self.inner.write_at(offset, buf)
+    }
+
     fn sync_data(&self) -> io::Result<()> {
         if self.counter.tick() {
             return Err(injected());

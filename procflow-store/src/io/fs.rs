@@ -315,6 +315,10 @@ impl LogFile for FsFile {
         Ok(())
     }
 
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        write_all_at(&self.file, buf, offset)
+    }
+
     fn sync_data(&self) -> io::Result<()> {
         self.file.sync_data()
     }

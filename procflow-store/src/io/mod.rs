@@ -88,7 +88,20 @@ pub trait IoBackend: Send + Sync + 'static {
 pub trait LogFile: Send + Sync {
     /// Appends all of `buf` at the end of the file.
     fn append(&self, buf: &[u8]) -> io::Result<()>;
-    /// Makes everything appended so far durable (`fdatasync`).
+    /// Writes all of `buf` at `offset`, leaving the end where it is. Several threads
+    /// may write disjoint ranges at once. Only a [`WalStore`](crate::WalStore) opened
+    /// with [`WalConfig::caller_writes`](crate::WalConfig::caller_writes) calls it,
+    /// always within space [`LogFile::reserve`] allocated or past the file's length. The
+    /// default fails with [`io::ErrorKind::Unsupported`], which poisons such a store at
+    /// its first commit.
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        let _ = (offset, buf);
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "this backend's files cannot be written at an offset (LogFile::write_at)",
+        ))
+    }
+    /// Makes everything written so far durable (`fdatasync`).
     fn sync_data(&self) -> io::Result<()>;
     /// Cuts the file to `len` bytes; later appends go after it.
     fn truncate(&self, len: u64) -> io::Result<()>;

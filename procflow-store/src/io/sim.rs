@@ -43,6 +43,10 @@ struct SimFs {
 struct Inode {
     live: Vec<u8>,
     durable: Vec<u8>,
+    /// Syncs begun on the file, and the number of the latest whose snapshot is
+    /// `durable`.
+    syncs_begun: u64,
+    synced_from: u64,
 }
 
 fn crashed() -> io::Error {
@@ -137,6 +141,7 @@ impl SimBackend {
             image.inodes.push(Inode {
                 live: data.clone(),
                 durable: data,
+                ..Inode::default()
             });
             let id = image.inodes.len() - 1;
             image.live.insert(path.clone(), id);
@@ -176,6 +181,7 @@ impl SimBackend {
             out.inodes[target] = Inode {
                 live: data.clone(),
                 durable: data,
+                ..Inode::default()
             };
         }
         drop(out);
@@ -215,6 +221,7 @@ impl SimBackend {
         fs.inodes[inode] = Inode {
             live: data.clone(),
             durable: data,
+            ..Inode::default()
         };
         Ok(())
     }
@@ -304,18 +311,40 @@ impl LogFile for SimFile {
         Ok(())
     }
 
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        let mut fs = self.lock();
+        fs.check()?;
+        let start = usize::try_from(offset).map_err(io::Error::other)?;
+        let live = &mut fs.inodes[self.inode].live;
+        let stop = start + buf.len();
+        if live.len() < stop {
+            live.resize(stop, 0);
+        }
+        live[start..stop].copy_from_slice(buf);
+        Ok(())
+    }
+
     fn sync_data(&self) -> io::Result<()> {
-        let (snapshot, delay) = {
+        let (snapshot, begun, delay) = {
             let mut fs = self.lock();
             fs.begin_sync()?;
-            (fs.inodes[self.inode].live.clone(), fs.sync_delay)
+            let inode = &mut fs.inodes[self.inode];
+            inode.syncs_begun += 1;
+            (inode.live.clone(), inode.syncs_begun, fs.sync_delay)
         };
         if !delay.is_zero() {
             std::thread::sleep(delay);
         }
         let mut fs = self.lock();
         fs.check()?;
-        fs.inodes[self.inode].durable = snapshot;
+        // Two syncs of one file can overlap (a store whose commits write their own
+        // records syncs on two threads): one that began later saw everything the
+        // earlier one did, and a real disk never takes back what a sync made durable.
+        let inode = &mut fs.inodes[self.inode];
+        if begun > inode.synced_from {
+            inode.durable = snapshot;
+            inode.synced_from = begun;
+        }
         Ok(())
     }
 
@@ -463,6 +492,7 @@ mod tests {
         Inode {
             live: live.to_vec(),
             durable: durable.to_vec(),
+            ..Inode::default()
         }
     }
 

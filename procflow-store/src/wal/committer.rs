@@ -353,7 +353,7 @@ fn serve(inner: &Inner, group: impl ExactSizeIterator<Item = Request>) -> Option
 }
 
 /// Why a request was not written.
-enum Fault {
+pub(super) enum Fault {
     /// The batch is invalid or the store refuses it; the log is unchanged.
     Refused(StoreError),
     /// Writing failed; the store is poisoned.
@@ -361,7 +361,7 @@ enum Fault {
 }
 
 /// Appends `batch` as one record and applies it to the in-memory state.
-fn write(inner: &Inner, log: &mut Log, batch: Batch) -> Result<Leftovers, Fault> {
+pub(super) fn write(inner: &Inner, log: &mut Log, batch: Batch) -> Result<Leftovers, Fault> {
     if log.closed {
         return Err(Fault::Refused(StoreError::Closed));
     }

@@ -74,6 +74,25 @@ pub struct WalConfig {
     /// the procedure runs or ends. `false`: always `read`, and copy every value. Default:
     /// `true`.
     pub map_segments: bool,
+    /// Whether each commit writes its own record, on the committing thread, while the
+    /// committer thread only syncs. A commit then takes the log's lock to check its
+    /// batch, take its sequence number and file range and apply it to the in-memory
+    /// state, writes the record at its range after letting go of the lock (so writes of
+    /// several threads overlap), and waits until the sync thread has synced every record
+    /// up to and including its own. No commit is acknowledged past a range another
+    /// thread has yet to write: a crash there leaves a gap, which recovery reads as the
+    /// log's torn end (docs/FORMAT.md, "Groups and the durable offset").
+    ///
+    /// Why it exists: it is the log the sharded runner of docs/DESIGN.md needs, where
+    /// a thread that steps many procedures writes their records together
+    /// ([`WalStore::commit_all`](crate::WalStore::commit_all)) and no thread hands each
+    /// record to another. For one commit at a time from many tasks it is not faster
+    /// than the committer thread (one `write` per commit rather than per group;
+    /// docs/BENCHMARKS.md, stop 74). Needs a backend whose files support
+    /// [`LogFile::write_at`](crate::io::LogFile::write_at) (the file system's and the
+    /// simulated one do). [`inline_lone_commit`](Self::inline_lone_commit) and
+    /// [`spin_wait`](Self::spin_wait) do not apply. Default: `false`.
+    pub caller_writes: bool,
 }
 
 impl Default for WalConfig {
@@ -84,6 +103,7 @@ impl Default for WalConfig {
             inline_lone_commit: true,
             spin_wait: Duration::from_micros(500),
             map_segments: true,
+            caller_writes: false,
         }
     }
 }

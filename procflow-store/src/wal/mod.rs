@@ -2,16 +2,21 @@
 //!
 //! Files by concept: [`record`] encodes one record and its checksums, [`segment`] names
 //! and creates segment files, [`writer`] appends and rolls, [`committer`] is the thread
-//! that writes queued batches and shares one fsync among them, [`recovery`] scans and
+//! that writes queued batches and shares one fsync among them, [`appender`] the commits
+//! that write their own records ([`WalConfig::caller_writes`]) and the thread that then
+//! only syncs, [`progress`] how far such a log is written without a gap and how far it
+//! is durable, [`recovery`] scans and
 //! replays at open (with [`verify`] checking checksums ahead of it), [`compaction`]
 //! reclaims space, [`config`] holds the knobs. The bytes are described in
 //! `docs/FORMAT.md`.
 
+mod appender;
 mod arena;
 mod committer;
 mod compaction;
 mod config;
 mod index_beside;
+mod progress;
 mod record;
 mod recovery;
 mod segment;
@@ -28,6 +33,7 @@ pub use config::{SyncMode, WalConfig};
 use self::arena::Kept;
 use self::committer::{Queue, Reply, Request, SlotReply};
 use self::compaction::LiveIndex;
+use self::progress::Progress;
 use self::writer::Writer;
 use crate::error::StoreError;
 use crate::io::{DirLock, FsBackend, IoBackend};
@@ -54,6 +60,11 @@ use std::collections::BTreeMap;
 ///   thread for that time but saves two hand-offs between threads
 ///   ([`WalConfig::inline_lone_commit`]; never on a runtime with a single worker
 ///   thread).
+/// * **Or commits that write their own records** ([`WalConfig::caller_writes`]): each
+///   commit takes its range of the log under a lock, writes it on its own thread, and
+///   waits for a sync thread to make every record up to its own durable; a thread that
+///   commits many batches at once ([`WalStore::commit_all`]) writes them in one `write`.
+///   No commit is acknowledged past a range another thread has not written yet.
 /// * **Space allocated ahead**: with [`SyncMode::Durable`], the active segment's file is
 ///   written with zeros ahead of its records
 ///   ([`LogFile::reserve`](crate::io::LogFile::reserve)), so an `fdatasync` writes the
@@ -93,6 +104,9 @@ pub struct WalStore {
     /// The committer thread, joined on drop so the directory lock is released when the
     /// store is gone.
     committer: Option<JoinHandle<()>>,
+    /// The sync thread of a store whose commits write their own records
+    /// ([`WalConfig::caller_writes`]).
+    syncer: Option<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for WalStore {
@@ -142,6 +156,8 @@ struct Inner {
     poisoned: AtomicBool,
     commits: AtomicU64,
     group_syncs: AtomicU64,
+    /// The written prefix and the durable position ([`WalConfig::caller_writes`]).
+    progress: Arc<Progress>,
 }
 
 struct Log {
@@ -189,6 +205,7 @@ impl WalStore {
                 dir: dir.to_path_buf(),
             })?;
         let recovered = recovery::recover(backend.as_ref(), dir, sync, config.map_segments)?;
+        let progress = Arc::new(Progress::new(recovered.next_seq));
         let writer = Writer::new(
             backend,
             dir,
@@ -197,6 +214,8 @@ impl WalStore {
             recovered.segments,
             recovered.active,
             recovered.next_seq,
+            config.caller_writes,
+            progress.clone(),
         );
         let spin = committer::spinning_helps();
         let inner = Arc::new(Inner {
@@ -216,13 +235,21 @@ impl WalStore {
             poisoned: AtomicBool::new(false),
             commits: AtomicU64::new(0),
             group_syncs: AtomicU64::new(0),
+            progress,
         });
         let committer = committer::spawn(inner.clone())
             .map_err(|e| StoreError::io("starting the committer thread", dir, e))?;
-        Ok(WalStore {
+        let mut store = WalStore {
             inner,
             committer: Some(committer),
-        })
+            syncer: None,
+        };
+        if store.inner.config.caller_writes {
+            let syncer = appender::spawn_sync(store.inner.clone())
+                .map_err(|e| StoreError::io("starting the sync thread", dir, e))?;
+            store.syncer = Some(syncer);
+        }
+        Ok(store)
     }
 
     /// Reads everything the store in `dir` holds, as [`Store::load`] would, without
@@ -248,6 +275,66 @@ impl WalStore {
         backend: &dyn IoBackend,
     ) -> Result<Loaded, StoreError> {
         Ok(recovery::read_only(backend, dir.as_ref())?.load())
+    }
+
+    /// Commits `batches`, each as a record of its own, and waits until every one taken
+    /// is durable: the outcome of each, in order. A batch refused (an invalid one, a
+    /// stale fencing token) does not hold back the others.
+    ///
+    /// With [`WalConfig::caller_writes`] the records are checked, applied and written on
+    /// the calling thread, all in one `write`, and synced together: what a thread that
+    /// steps many procedures in a round needs. Without it they are queued for the
+    /// committer thread together.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Store::commit`]: dropping the future does not take back a batch. With
+    /// `caller_writes` every batch is written before the first poll returns, and the
+    /// future only waits for the sync.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use procflow_store::{Batch, Store, WalConfig, WalStore};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let dir = tempfile::tempdir()?;
+    /// let config = WalConfig { caller_writes: true, ..WalConfig::default() };
+    /// let store = WalStore::open(dir.path(), config)?;
+    /// let round = (1..=3).map(|id| Batch::new().put(id, None, vec![id as u8])).collect();
+    /// for outcome in store.commit_all(round).await {
+    ///     outcome?;
+    /// }
+    /// assert_eq!(store.get(2).await?.unwrap().value, &[2u8][..]);
+    /// store.close().await?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn commit_all(&self, batches: Vec<Batch>) -> Vec<Result<(), StoreError>> {
+        if self.inner.config.caller_writes {
+            return self.inner.commit_all_own(batches).await;
+        }
+        let _in_flight = InFlight::enter(&self.inner.in_flight);
+        let mut answers = Vec::with_capacity(batches.len());
+        for mut batch in batches {
+            fit_values(&mut batch);
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let queued = self
+                .inner
+                .queue
+                .push(Request::Commit(batch, Reply::Channel(reply)));
+            answers.push(queued.ok().map(|()| answer));
+        }
+        let mut outcomes = Vec::with_capacity(answers.len());
+        for answer in answers {
+            let outcome = match answer {
+                Some(answer) => answer.await.map_or(Err(StoreError::Poisoned), |a| a.result),
+                None if self.inner.is_poisoned() => Err(StoreError::Poisoned),
+                None => Err(StoreError::Closed),
+            };
+            outcomes.push(outcome);
+        }
+        outcomes
     }
 
     /// The store's directory.
@@ -305,6 +392,7 @@ impl Inner {
     /// Marks the store poisoned and passes `error` through.
     fn poison(&self, error: StoreError) -> StoreError {
         self.poisoned.store(true, Ordering::SeqCst);
+        self.progress.fail(Some(&error));
         error
     }
 
@@ -313,6 +401,7 @@ impl Inner {
     fn poison_if_panicking(&self) {
         if std::thread::panicking() {
             self.poisoned.store(true, Ordering::SeqCst);
+            self.progress.fail(None);
         }
     }
 
@@ -328,6 +417,9 @@ impl Inner {
     /// Commits `batch`: on this thread if it is the only commit in flight and nothing is
     /// being served ([`WalConfig::inline_lone_commit`]), else through the committer.
     async fn commit(&self, mut batch: Batch) -> Result<(), StoreError> {
+        if self.config.caller_writes {
+            return self.commit_own(batch).await;
+        }
         fit_values(&mut batch);
         let in_flight = InFlight::enter(&self.in_flight);
         if in_flight.may_hold_thread && self.config.inline_lone_commit {
@@ -349,7 +441,9 @@ impl Inner {
     /// [`commit`](Self::commit)'s way instead, where it may be served inline or poll
     /// for its answer.
     fn commit_in<'a>(&'a self, mut batch: Batch, slot: &'a Arc<CommitSlot>) -> CommitIn<'a> {
-        if self.in_flight.load(Ordering::Acquire) == 0 && another_worker_runs() {
+        if self.config.caller_writes
+            || self.in_flight.load(Ordering::Acquire) == 0 && another_worker_runs()
+        {
             return CommitIn::from_future(Box::pin(self.commit(batch)));
         }
         fit_values(&mut batch);
@@ -512,6 +606,11 @@ impl Drop for WalStore {
             // It serves what is queued (commits whose futures were dropped), then exits.
             let _ = committer.join();
         }
+        self.inner.progress.stop();
+        if let Some(syncer) = self.syncer.take() {
+            // It syncs what was written, then exits.
+            let _ = syncer.join();
+        }
     }
 }
 
@@ -551,7 +650,8 @@ impl Store for WalStore {
     }
 
     fn uses_commit_slots(&self) -> bool {
-        true
+        // Commits that write their own records have no answer to put in a slot.
+        !self.inner.config.caller_writes
     }
 
     fn load(&self) -> BoxFuture<'_, Result<Loaded, StoreError>> {

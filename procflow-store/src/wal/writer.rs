@@ -21,6 +21,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use super::progress::Progress;
 use super::record;
 use super::segment::{self, SEGMENT_HEADER_LEN};
 use crate::error::StoreError;
@@ -69,9 +70,30 @@ pub(crate) struct Writer {
     /// filesystem may not support it, or the disk be full; appends will tell).
     preallocate: bool,
     next_seq: u64,
+    /// Records are written at their offset ([`LogFile::write_at`]), some by the
+    /// committing threads themselves ([`Writer::take_unwritten`]), and tracked in
+    /// `progress` ([`WalConfig::caller_writes`](crate::WalConfig::caller_writes)).
+    positional: bool,
+    progress: Arc<Progress>,
+    /// Where the buffer's first record goes in the active segment, and its sequence
+    /// number (meaningful while the buffer holds records).
+    buffer_at: u64,
+    buffer_seq: u64,
+}
+
+/// Records taken out of the writer's buffer to be written by the caller, without the
+/// log's lock ([`Writer::take_unwritten`]).
+pub(crate) struct Unwritten {
+    pub(crate) file: Arc<dyn LogFile>,
+    pub(crate) offset: u64,
+    /// The records' sequence numbers: `seqs.0..seqs.1`.
+    pub(crate) seqs: (u64, u64),
+    /// The active segment's path, for an error message.
+    pub(crate) path: PathBuf,
 }
 
 impl Writer {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         backend: Arc<dyn IoBackend>,
         dir: &Path,
@@ -80,10 +102,16 @@ impl Writer {
         segments: Vec<SegmentInfo>,
         active: Arc<dyn LogFile>,
         next_seq: u64,
+        positional: bool,
+        progress: Arc<Progress>,
     ) -> Self {
         debug_assert!(!segments.is_empty());
         // Recovery cut the active segment at its last record.
         let reserved = segments[segments.len() - 1].len;
+        if positional {
+            let number = segments[segments.len() - 1].number;
+            progress.set_active(active.clone(), segment::path(dir, number));
+        }
         Writer {
             backend,
             dir: dir.to_path_buf(),
@@ -97,7 +125,16 @@ impl Writer {
             reserved,
             preallocate: sync,
             next_seq,
+            positional,
+            progress,
+            buffer_at: reserved,
+            buffer_seq: next_seq,
         }
+    }
+
+    /// The sequence number the next record gets.
+    pub(crate) fn next_seq(&self) -> u64 {
+        self.next_seq
     }
 
     /// The room its buffer of records keeps.
@@ -150,8 +187,23 @@ impl Writer {
         if active.len > SEGMENT_HEADER_LEN as u64 && active.len + len > self.segment_size {
             self.roll()?;
         }
-        let starts_group = self.sync && self.buffer.is_empty() && !self.unsynced;
         let seq = self.next_seq;
+        // "Every byte before my offset was synced" (docs/FORMAT.md): with records
+        // written by other threads, only the durable position can say that.
+        let starts_group = if self.positional {
+            self.sync && self.progress.durable() == seq
+        } else {
+            self.sync && self.buffer.is_empty() && !self.unsynced
+        };
+        if self.buffer.is_empty() {
+            self.buffer_at = self.active_info().len;
+            self.buffer_seq = seq;
+        }
+        if self.positional {
+            // Allocated before the range is handed out: the zeros written ahead must
+            // never land on a record another thread wrote.
+            self.reserve_for(self.buffer_at + self.buffer.len() as u64 + len);
+        }
         record::append(
             &mut self.buffer,
             kind,
@@ -175,15 +227,41 @@ impl Writer {
             return Ok(());
         }
         self.reserve_for(self.active_info().len);
-        self.active
-            .append(&self.buffer)
-            .map_err(|e| StoreError::io("appending a record", self.active_path(), e))?;
+        let written = if self.positional {
+            self.active.write_at(self.buffer_at, &self.buffer)
+        } else {
+            self.active.append(&self.buffer)
+        };
+        written.map_err(|e| StoreError::io("appending a record", self.active_path(), e))?;
+        if self.positional {
+            // Every flush is followed by this lock holder's `sync_active`.
+            self.progress
+                .mark_written_quietly(self.buffer_seq, self.next_seq);
+        }
         self.buffer.clear();
         if self.buffer.capacity() > BUFFER_KEPT {
             self.buffer = Vec::new();
         }
         self.unsynced = true;
         Ok(())
+    }
+
+    /// Hands the buffered records to the caller to write (`into`, emptied, becomes the
+    /// next buffer): the caller writes them at [`Unwritten::offset`] without the log's
+    /// lock and then marks them written in the progress. Positional writers only.
+    pub(crate) fn take_unwritten(&mut self, into: &mut Vec<u8>) -> Option<Unwritten> {
+        debug_assert!(self.positional && into.is_empty());
+        if self.buffer.is_empty() {
+            return None;
+        }
+        std::mem::swap(&mut self.buffer, into);
+        self.unsynced = true;
+        Some(Unwritten {
+            file: self.active.clone(),
+            offset: self.buffer_at,
+            seqs: (self.buffer_seq, self.next_seq),
+            path: self.active_path(),
+        })
     }
 
     /// The active segment's file was synced after the last [`Writer::flush`] (by the
@@ -249,6 +327,10 @@ impl Writer {
         )?;
         // `create` synced the header (or, without sync, nothing is ever a group start).
         self.unsynced = false;
+        if self.positional {
+            self.progress
+                .set_active(self.active.clone(), segment::path(&self.dir, number));
+        }
         self.reserved = SEGMENT_HEADER_LEN as u64;
         self.segments.push(SegmentInfo {
             number,
@@ -261,11 +343,20 @@ impl Writer {
     /// hands it to the operating system).
     pub(crate) fn sync_active(&mut self) -> Result<(), StoreError> {
         self.flush()?;
+        if self.positional {
+            // Records other threads are writing must be on the file before the sync
+            // that makes them durable: the callers write without this lock, so they
+            // finish.
+            self.progress.wait_written(self.next_seq)?;
+        }
         if self.sync {
             self.active
                 .sync_data()
                 .map_err(|e| StoreError::io("syncing a segment", self.active_path(), e))?;
             self.unsynced = false;
+        }
+        if self.positional {
+            self.progress.publish_durable(self.next_seq);
         }
         Ok(())
     }

@@ -1,0 +1,177 @@
+//! Commits that write their own records ([`WalConfig::caller_writes`]): the committing
+//! thread checks, numbers and applies its batches under the log's lock, writes their
+//! records at the range they were given after letting the lock go, and waits for the
+//! sync thread ([`spawn_sync`]) to publish a durable position past them
+//! (`progress.rs` says why not sooner). The committer thread then only closes.
+//!
+//! Why: a thread that steps many procedures should write their records itself, in one
+//! `write`, rather than hand each to another thread and be woken for each answer
+//! (docs/DESIGN.md, "Where the durable path has to go"; docs/BENCHMARKS.md, stop 73,
+//! measured a log like this one as the only one that let such threads reach half their
+//! in-memory speed).
+//!
+//! [`WalConfig::caller_writes`]: crate::WalConfig::caller_writes
+
+use std::cell::RefCell;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use smallvec::SmallVec;
+
+use super::committer::{self, Fault};
+use super::writer::BUFFER_KEPT;
+use super::{Inner, Log, compaction, fit_values};
+use crate::error::StoreError;
+use crate::slot::Leftovers;
+use crate::store::Batch;
+
+thread_local! {
+    /// The records of this thread's last commit, emptied: the buffer it hands the
+    /// writer for the next commit's records (`Writer::take_unwritten`), so a commit
+    /// allocates none.
+    static BUFFER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Inner {
+    /// Commits `batch` on this thread and waits until it is durable.
+    pub(super) async fn commit_own(&self, mut batch: Batch) -> Result<(), StoreError> {
+        fit_values(&mut batch);
+        let mut outcome = Ok(());
+        let end = self.write_own([batch], |_, result| outcome = result);
+        outcome?;
+        self.progress.wait_durable(end).await
+    }
+
+    /// Commits `batches` on this thread, each as a record of its own, written together,
+    /// and waits until they are durable. The outcome of each, in order.
+    pub(super) async fn commit_all_own(
+        &self,
+        mut batches: Vec<Batch>,
+    ) -> Vec<Result<(), StoreError>> {
+        batches.iter_mut().for_each(fit_values);
+        let mut outcomes: Vec<Result<(), StoreError>> = Vec::with_capacity(batches.len());
+        let end = self.write_own(batches, |_, result| outcomes.push(result));
+        if outcomes.iter().any(Result::is_ok) && self.progress.wait_durable(end).await.is_err() {
+            for outcome in outcomes.iter_mut().filter(|o| o.is_ok()) {
+                *outcome = Err(StoreError::Poisoned);
+            }
+        }
+        outcomes
+    }
+
+    /// Appends `batches` as records and applies them, under the log's lock, then writes
+    /// the records without it. `each` gets every batch's index and whether it was
+    /// taken: a taken batch is durable once every record below the returned sequence
+    /// number is.
+    ///
+    /// Not `async`: nothing between taking a range and writing it may be cancelled, or
+    /// the range would stay a gap that holds back every later commit.
+    fn write_own(
+        &self,
+        batches: impl IntoIterator<Item = Batch>,
+        mut each: impl FnMut(usize, Result<(), StoreError>),
+    ) -> u64 {
+        let mut records = BUFFER.with_borrow_mut(std::mem::take);
+        // Freed after the lock, on this thread (`committer.rs` says why not under it).
+        let mut leftovers: SmallVec<[Leftovers; 1]> = SmallVec::new();
+        let (unwritten, end) = {
+            let mut log = self.lock_log();
+            for (index, batch) in batches.into_iter().enumerate() {
+                match committer::write(self, &mut log, batch) {
+                    Ok(left) => {
+                        leftovers.push(left);
+                        each(index, Ok(()));
+                    }
+                    Err(Fault::Refused(e) | Fault::Io(e)) => each(index, Err(e)),
+                }
+            }
+            if !leftovers.is_empty() {
+                // A failure poisons the store: the commits' durable wait fails.
+                let _ = self.compact(&mut log);
+            }
+            (
+                log.writer.take_unwritten(&mut records),
+                log.writer.next_seq(),
+            )
+        };
+        if let Some(unwritten) = unwritten {
+            let _failing = PoisonOnUnwind(self);
+            match unwritten.file.write_at(unwritten.offset, &records) {
+                Ok(()) => {
+                    let (start, stop) = unwritten.seqs;
+                    // Wakes the sync thread (`Progress::wait_for_unsynced`).
+                    self.progress.mark_written(start, stop);
+                }
+                Err(e) => {
+                    self.poison(StoreError::io("appending a record", &unwritten.path, e));
+                }
+            }
+        }
+        records.clear();
+        if records.capacity() <= BUFFER_KEPT {
+            BUFFER.with_borrow_mut(|kept| *kept = records);
+        }
+        drop(leftovers);
+        end
+    }
+
+    /// Compacts if it is due: as the committer does after a group.
+    fn compact(&self, log: &mut Log) -> Result<(), StoreError> {
+        let Log {
+            state,
+            kept,
+            index,
+            writer,
+            ..
+        } = log;
+        compaction::compact(state, kept, index, writer)
+            .map(drop)
+            .map_err(|e| self.poison(e))
+    }
+}
+
+/// Poisons the store if the write of a taken range panics: the range would never be
+/// written, and every later commit would wait behind it.
+struct PoisonOnUnwind<'a>(&'a Inner);
+
+impl Drop for PoisonOnUnwind<'_> {
+    fn drop(&mut self) {
+        self.0.poison_if_panicking();
+    }
+}
+
+/// Starts the sync thread of a store whose commits write their own records: it syncs
+/// whenever the written prefix passes the durable position, until the store stops.
+pub(super) fn spawn_sync(inner: Arc<Inner>) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("procflow-wal-sync".into())
+        .spawn(move || {
+            while inner.progress.wait_for_unsynced() {
+                sync_written(&inner);
+            }
+        })
+}
+
+/// Syncs the active segment if the written prefix has moved past the durable position,
+/// and publishes the prefix it synced as durable.
+///
+/// Every record below the prefix, read with the active segment, is in that segment or
+/// in an older one, which its roll synced before it was closed
+/// ([`Progress::active_and_written`](super::progress::Progress::active_and_written)).
+pub(super) fn sync_written(inner: &Inner) {
+    let (active, below) = inner.progress.active_and_written();
+    let Some((file, path)) = active else {
+        return;
+    };
+    if below <= inner.progress.durable() || inner.is_poisoned() {
+        return;
+    }
+    if inner.durable() {
+        if let Err(e) = file.sync_data() {
+            inner.poison(StoreError::io("syncing a segment", path, e));
+            return;
+        }
+        inner.group_syncs.fetch_add(1, Ordering::Relaxed);
+    }
+    inner.progress.publish_durable(below);
+}
