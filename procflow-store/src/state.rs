@@ -189,7 +189,10 @@ fn earlier_meta(changes: &[Change], key: &str) -> Option<bool> {
 enum Overlay {
     /// Search the changes made so far.
     Scan,
-    Map(HashMap<ProcId, Option<Option<ProcId>>>),
+    /// Sized for the batch at once and hashed with foldhash: a round's batch of 512
+    /// ops grew a SipHash map through six rehashes, the largest share of its resolve
+    /// (docs/BENCHMARKS.md, stop 74).
+    Map(HashMap<ProcId, Option<Option<ProcId>>, foldhash::fast::RandomState>),
 }
 
 /// Up to this many ops, [`Overlay::Scan`].
@@ -200,7 +203,10 @@ impl Overlay {
         if ops <= SCANNED_OPS {
             Overlay::Scan
         } else {
-            Overlay::Map(HashMap::new())
+            Overlay::Map(HashMap::with_capacity_and_hasher(
+                ops,
+                foldhash::fast::RandomState::default(),
+            ))
         }
     }
 
