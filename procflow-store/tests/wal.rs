@@ -407,6 +407,49 @@ fn commit_and_close_need_no_async_runtime() {
     }
 }
 
+/// `commit_all` answers each batch in order, with and without `caller_writes`: a batch
+/// the store refuses (a finish of a procedure that does not exist) changes nothing and
+/// holds back none of the others, which are all there after a reopen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_all_answers_each_batch_and_a_refusal_holds_back_no_other() {
+    for caller_writes in [false, true] {
+        for env in Env::all() {
+            let config = WalConfig {
+                caller_writes,
+                ..WalConfig::default()
+            };
+            let dir = env.fresh_dir();
+            let store = env.open_at(&dir, config.clone()).unwrap();
+            let outcomes = store
+                .commit_all(vec![
+                    Batch::new().put(1, None, b"one".to_vec()),
+                    Batch::new().finish(99, b"never".to_vec()),
+                    Batch::new().put(2, Some(1), b"two".to_vec()),
+                    Batch::new().finish(1, b"done".to_vec()),
+                ])
+                .await;
+            let what = format!("{}, caller_writes {caller_writes}", env.name);
+            assert_eq!(outcomes.len(), 4, "{what}");
+            assert!(
+                outcomes[0].is_ok() && outcomes[2].is_ok() && outcomes[3].is_ok(),
+                "{what}: {outcomes:?}"
+            );
+            assert!(
+                matches!(outcomes[1], Err(StoreError::UnknownProcedure(99))),
+                "{what}: {outcomes:?}"
+            );
+            assert!(store.commit_all(Vec::new()).await.is_empty(), "{what}");
+            store.close().await.unwrap();
+            drop(store);
+
+            let store = env.open_at(&dir, config).unwrap();
+            let records = store.list().await.unwrap();
+            let found: Vec<(u64, bool)> = records.iter().map(|r| (r.id, r.finished)).collect();
+            assert_eq!(found, [(1, true), (2, false)], "{what}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_dropped_commit_future_still_commits_before_the_store_is_dropped() {
     for env in Env::all() {

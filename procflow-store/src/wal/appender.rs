@@ -71,6 +71,9 @@ impl Inner {
         batches: impl IntoIterator<Item = Batch>,
         mut each: impl FnMut(usize, Result<(), StoreError>),
     ) -> u64 {
+        // A panic from here on (under the lock, or between taking a range and writing
+        // it) leaves the log unknown: as on the committer thread, the store is poisoned.
+        let _failing = PoisonOnUnwind(self);
         let mut records = BUFFER.with_borrow_mut(std::mem::take);
         // Freed after the lock, on this thread (`committer.rs` says why not under it).
         let mut leftovers: SmallVec<[Leftovers; 1]> = SmallVec::new();
@@ -95,7 +98,6 @@ impl Inner {
             )
         };
         if let Some(unwritten) = unwritten {
-            let _failing = PoisonOnUnwind(self);
             match unwritten.file.write_at(unwritten.offset, &records) {
                 Ok(()) => {
                     let (start, stop) = unwritten.seqs;
@@ -130,8 +132,8 @@ impl Inner {
     }
 }
 
-/// Poisons the store if the write of a taken range panics: the range would never be
-/// written, and every later commit would wait behind it.
+/// Poisons the store if a commit panics while it writes: a range taken and never
+/// written would hold back every later commit, and a batch half applied would be read.
 struct PoisonOnUnwind<'a>(&'a Inner);
 
 impl Drop for PoisonOnUnwind<'_> {

@@ -91,7 +91,10 @@ pub struct WalConfig {
     /// docs/BENCHMARKS.md, stop 74). Needs a backend whose files support
     /// [`LogFile::write_at`](crate::io::LogFile::write_at) (the file system's and the
     /// simulated one do). [`inline_lone_commit`](Self::inline_lone_commit) and
-    /// [`spin_wait`](Self::spin_wait) do not apply. Default: `false`.
+    /// [`spin_wait`](Self::spin_wait) do not apply. A commit blocks its thread while it
+    /// waits for the log's lock and writes, and, when its record rolls the segment or
+    /// compaction is due, for the syncs that takes (as the committer thread does).
+    /// Default: `false`.
     pub caller_writes: bool,
 }
 
