@@ -1,6 +1,8 @@
 //! Model-based test: random batch sequences applied to `MemStore` (the model) and to
 //! `WalStore` with tiny segments (so rolls and compaction happen constantly), reopening
-//! the WAL at random points. After every step both must hold the same data.
+//! the WAL at random points, its commits written by the committer thread or by the
+//! committing thread (`WalConfig::caller_writes`). After every step both must hold the
+//! same data.
 
 mod common;
 
@@ -43,11 +45,17 @@ proptest! {
     fn wal_store_behaves_like_mem_store(
         steps in proptest::collection::vec(step(), 1..60),
         segment_size in prop_oneof![Just(200u64), Just(700), Just(64 << 10)],
+        caller_writes in any::<bool>(),
     ) {
         let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
         rt.block_on(async {
             let env = Env::sim();
-            let config = WalConfig { segment_size, sync: SyncMode::Durable, ..WalConfig::default() };
+            let config = WalConfig {
+                segment_size,
+                sync: SyncMode::Durable,
+                caller_writes,
+                ..WalConfig::default()
+            };
             let model = MemStore::new();
             let mut wal = env.open(config.clone()).unwrap();
             for step in steps {
