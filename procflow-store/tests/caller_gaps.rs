@@ -6,14 +6,17 @@
 //! was acknowledged (the records past the gap cut off, never read again), and that a roll
 //! waits for the gap to be filled.
 
+mod common;
+
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use procflow_store::io::{DirLock, IoBackend, LogFile, SimBackend};
+use common::wrapping::{Wrap, WrapFiles};
+use procflow_store::io::{IoBackend, LogFile, SimBackend};
 use procflow_store::{Batch, Store, StoreError, WalConfig, WalStore};
 
 /// A [`SimBackend`] whose next positional write, once armed, waits until released.
@@ -57,14 +60,19 @@ impl Holding {
         (entered_rx, release_tx)
     }
 
-    fn wrap(&self, file: Arc<dyn LogFile>) -> Arc<dyn LogFile> {
-        if self.plain_files {
-            return Arc::new(PlainFile { inner: file });
-        }
-        Arc::new(HoldingFile {
-            inner: file,
-            gate: self.gate.clone(),
-        })
+    /// The backend to open a store on.
+    fn backend(&self) -> Arc<dyn IoBackend> {
+        let (plain, gate) = (self.plain_files, self.gate.clone());
+        let wrap: Wrap = Arc::new(move |file| -> Arc<dyn LogFile> {
+            if plain {
+                return Arc::new(PlainFile { inner: file });
+            }
+            Arc::new(HoldingFile {
+                inner: file,
+                gate: gate.clone(),
+            })
+        });
+        WrapFiles::around(Arc::new(self.sim.clone()), wrap)
     }
 }
 
@@ -112,36 +120,6 @@ impl LogFile for PlainFile {
     }
     fn truncate(&self, len: u64) -> io::Result<()> {
         self.inner.truncate(len)
-    }
-}
-
-impl IoBackend for Holding {
-    fn create_dir_all(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
-        self.sim.create_dir_all(dir)
-    }
-    fn lock_dir(&self, dir: &Path) -> io::Result<Option<DirLock>> {
-        self.sim.lock_dir(dir)
-    }
-    fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
-        self.sim.list_dir(dir)
-    }
-    fn read_file(&self, path: &Path) -> io::Result<Vec<u8>> {
-        self.sim.read_file(path)
-    }
-    fn create_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
-        self.sim.create_file(path).map(|f| self.wrap(f))
-    }
-    fn open_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
-        self.sim.open_file(path).map(|f| self.wrap(f))
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.sim.rename(from, to)
-    }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        self.sim.remove_file(path)
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        self.sim.sync_dir(dir)
     }
 }
 
@@ -207,9 +185,8 @@ fn wait_until_written(sim: &SimBackend, path: &Path, value: u8, len: usize) {
 async fn a_record_past_a_gap_is_never_acknowledged_and_is_cut_at_reopen() {
     let backend = Holding::new(SimBackend::new());
     let sim = backend.sim.clone();
-    let store = Arc::new(
-        WalStore::open_with_backend(dir(), config(1 << 20), Arc::new(backend.clone())).unwrap(),
-    );
+    let store =
+        Arc::new(WalStore::open_with_backend(dir(), config(1 << 20), backend.backend()).unwrap());
     store.commit(put(1, 100)).await.unwrap();
 
     let (entered, release) = backend.arm();
@@ -261,9 +238,8 @@ async fn a_record_past_a_gap_is_never_acknowledged_and_is_cut_at_reopen() {
 async fn a_roll_waits_for_the_ranges_of_the_segment_it_closes() {
     let backend = Holding::new(SimBackend::new());
     let sim = backend.sim.clone();
-    let store = Arc::new(
-        WalStore::open_with_backend(dir(), config(4096), Arc::new(backend.clone())).unwrap(),
-    );
+    let store =
+        Arc::new(WalStore::open_with_backend(dir(), config(4096), backend.backend()).unwrap());
     store.commit(put(1, 1000)).await.unwrap();
 
     let (entered, release) = backend.arm();
@@ -350,20 +326,8 @@ fn rounds_from_several_threads_survive_a_crash_at_every_sync() {
         let image = sim.crash_image();
         let store = WalStore::open_with_backend(dir(), config(2048), Arc::new(image))
             .unwrap_or_else(|e| panic!("crash at sync {n}: reopen failed: {e}"));
-        let found = runtime.block_on(ids(&store));
-        for id in &acked {
-            assert!(
-                found.contains(id),
-                "crash at sync {n}: acknowledged {id} lost"
-            );
-        }
-        for id in found.iter().filter(|&&id| id < 1_000_000) {
-            assert!(
-                found.contains(&(id + 1_000_000)),
-                "crash at sync {n}: half a batch"
-            );
-        }
-        assert_eq!(found.len() % 2, 0, "crash at sync {n}: half a batch");
+        let found = runtime.block_on(ids(&store)).into_iter().collect();
+        common::assert_acked_and_whole(&found, &acked, n);
     }
 }
 
@@ -373,7 +337,7 @@ fn rounds_from_several_threads_survive_a_crash_at_every_sync() {
 async fn a_backend_without_positional_writes_fails_the_first_commit_clearly() {
     let mut backend = Holding::new(SimBackend::new());
     backend.plain_files = true;
-    let store = WalStore::open_with_backend(dir(), config(1 << 20), Arc::new(backend)).unwrap();
+    let store = WalStore::open_with_backend(dir(), config(1 << 20), backend.backend()).unwrap();
     let err = store.commit(put(1, 10)).await.unwrap_err();
     assert!(matches!(err, StoreError::Io { .. }), "{err}");
     assert!(err.to_string().contains("LogFile::write_at"), "{err}");

@@ -3,19 +3,21 @@
 //! watch which thread appends each record, and check that mixing the two paths keeps
 //! every acknowledged commit, in order, across a crash.
 
+mod common;
+
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use procflow_store::io::{DirLock, IoBackend, LogFile, SimBackend};
+use common::wrapping::{Wrap, WrapFiles};
+use procflow_store::io::{IoBackend, LogFile, SimBackend};
 use procflow_store::{Batch, Bytes, Store, WalConfig, WalStore};
 
 /// The committer thread's name.
 const COMMITTER: &str = "procflow-wal";
 
-/// An [`IoBackend`] that notes the name of the thread making each append.
-#[derive(Clone)]
+/// A backend whose files note the name of the thread making each append.
 struct Watched {
     inner: SimBackend,
     appenders: Arc<Mutex<Vec<String>>>,
@@ -60,41 +62,16 @@ impl LogFile for WatchedFile {
 }
 
 impl Watched {
-    fn wrap(&self, file: Arc<dyn LogFile>) -> Arc<dyn LogFile> {
-        Arc::new(WatchedFile {
-            inner: file,
-            appenders: self.appenders.clone(),
-        })
-    }
-}
-
-impl IoBackend for Watched {
-    fn create_dir_all(&self, dir: &Path) -> io::Result<Vec<PathBuf>> {
-        self.inner.create_dir_all(dir)
-    }
-    fn lock_dir(&self, dir: &Path) -> io::Result<Option<DirLock>> {
-        self.inner.lock_dir(dir)
-    }
-    fn list_dir(&self, dir: &Path) -> io::Result<Vec<String>> {
-        self.inner.list_dir(dir)
-    }
-    fn read_file(&self, path: &Path) -> io::Result<Vec<u8>> {
-        self.inner.read_file(path)
-    }
-    fn create_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
-        self.inner.create_file(path).map(|f| self.wrap(f))
-    }
-    fn open_file(&self, path: &Path) -> io::Result<Arc<dyn LogFile>> {
-        self.inner.open_file(path).map(|f| self.wrap(f))
-    }
-    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
-        self.inner.rename(from, to)
-    }
-    fn remove_file(&self, path: &Path) -> io::Result<()> {
-        self.inner.remove_file(path)
-    }
-    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
-        self.inner.sync_dir(dir)
+    /// The backend to open a store on.
+    fn backend(&self) -> Arc<dyn IoBackend> {
+        let appenders = self.appenders.clone();
+        let wrap: Wrap = Arc::new(move |file| {
+            Arc::new(WatchedFile {
+                inner: file,
+                appenders: appenders.clone(),
+            })
+        });
+        WrapFiles::around(Arc::new(self.inner.clone()), wrap)
     }
 }
 
@@ -110,7 +87,7 @@ async fn lone_commit_appenders(inline: bool) -> Vec<String> {
         inline_lone_commit: inline,
         ..WalConfig::default()
     };
-    let store = WalStore::open_with_backend(dir(), config, Arc::new(backend.clone())).unwrap();
+    let store = WalStore::open_with_backend(dir(), config, backend.backend()).unwrap();
     backend.take_appenders();
     store
         .commit(Batch::new().put(1, None, b"one".to_vec()))
@@ -199,8 +176,7 @@ async fn inline_and_queued_commits_mix_without_losing_an_acknowledged_one() {
         segment_size: 4096,
         ..WalConfig::default()
     };
-    let store =
-        Arc::new(WalStore::open_with_backend(dir(), config, Arc::new(backend.clone())).unwrap());
+    let store = Arc::new(WalStore::open_with_backend(dir(), config, backend.backend()).unwrap());
     sim.set_sync_delay(Duration::from_micros(200));
     backend.take_appenders();
     let mut writers = Vec::new();

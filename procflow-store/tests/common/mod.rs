@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod contract;
+pub mod wrapping;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -188,4 +189,26 @@ pub async fn reads_what_load_reads<F: Future<Output = Result<Loaded, StoreError>
         .await
         .unwrap();
     assert_eq!(read_only().await.unwrap().records.len(), 3);
+}
+
+/// After a crash at sync `n`: every acknowledged id of a workload whose batches each put
+/// `id` and `id + 1_000_000` is among the `found` ids, and no batch is there in part.
+pub fn assert_acked_and_whole<'a>(
+    found: &std::collections::BTreeSet<u64>,
+    acked: impl IntoIterator<Item = &'a u64>,
+    n: u64,
+) {
+    for id in acked {
+        assert!(
+            found.contains(id),
+            "crash at sync {n}: acknowledged {id} lost"
+        );
+    }
+    for id in found.iter().filter(|&&id| id < 1_000_000) {
+        assert!(
+            found.contains(&(id + 1_000_000)),
+            "crash at sync {n}: half a batch"
+        );
+    }
+    assert_eq!(found.len() % 2, 0, "crash at sync {n}: half a batch");
 }

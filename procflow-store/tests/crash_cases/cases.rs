@@ -236,19 +236,7 @@ async fn concurrent_writers_survive_crashes() {
         let image = Env::on_sim(env.sim_backend().crash_image());
         let store = image.open(config()).unwrap();
         let ids: BTreeSet<u64> = store.list().await.unwrap().iter().map(|r| r.id).collect();
-        for id in &acked {
-            assert!(
-                ids.contains(id),
-                "crash at sync {n}: acknowledged {id} lost"
-            );
-        }
-        for id in ids.iter().filter(|&&id| id < 1_000_000) {
-            assert!(
-                ids.contains(&(id + 1_000_000)),
-                "crash at sync {n}: half a batch"
-            );
-        }
-        assert_eq!(ids.len() % 2, 0, "crash at sync {n}: half a batch");
+        common::assert_acked_and_whole(&ids, &acked, n);
     }
     // Commits that write their own records have no answer to put in a slot.
     assert!(
