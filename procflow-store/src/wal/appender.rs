@@ -37,7 +37,7 @@ impl Inner {
     pub(super) async fn commit_own(&self, mut batch: Batch) -> Result<(), StoreError> {
         fit_values(&mut batch);
         let mut outcome = Ok(());
-        let end = self.write_own([batch], |_, result| outcome = result);
+        let end = self.write_own([batch], |result| outcome = result);
         outcome?;
         self.progress.wait_durable(end).await
     }
@@ -50,26 +50,30 @@ impl Inner {
     ) -> Vec<Result<(), StoreError>> {
         batches.iter_mut().for_each(fit_values);
         let mut outcomes: Vec<Result<(), StoreError>> = Vec::with_capacity(batches.len());
-        let end = self.write_own(batches, |_, result| outcomes.push(result));
-        if outcomes.iter().any(Result::is_ok) && self.progress.wait_durable(end).await.is_err() {
+        let end = self.write_own(batches, |result| outcomes.push(result));
+        if !outcomes.iter().any(Result::is_ok) {
+            return outcomes;
+        }
+        if let Err(e) = self.progress.wait_durable(end).await {
+            // Every batch taken shares the one error that kept it from being durable.
             for outcome in outcomes.iter_mut().filter(|o| o.is_ok()) {
-                *outcome = Err(StoreError::Poisoned);
+                *outcome = Err(e.duplicate());
             }
         }
         outcomes
     }
 
     /// Appends `batches` as records and applies them, under the log's lock, then writes
-    /// the records without it. `each` gets every batch's index and whether it was
-    /// taken: a taken batch is durable once every record below the returned sequence
-    /// number is.
+    /// the records without it. `each` gets every batch's outcome, in order: a batch
+    /// taken (`Ok`) is durable once every record below the returned sequence number
+    /// is.
     ///
     /// Not `async`: nothing between taking a range and writing it may be cancelled, or
     /// the range would stay a gap that holds back every later commit.
     fn write_own(
         &self,
         batches: impl IntoIterator<Item = Batch>,
-        mut each: impl FnMut(usize, Result<(), StoreError>),
+        mut each: impl FnMut(Result<(), StoreError>),
     ) -> u64 {
         // A panic from here on (under the lock, or between taking a range and writing
         // it) leaves the log unknown: as on the committer thread, the store is poisoned.
@@ -79,13 +83,13 @@ impl Inner {
         let mut leftovers: SmallVec<[Leftovers; 1]> = SmallVec::new();
         let (unwritten, end) = {
             let mut log = self.lock_log();
-            for (index, batch) in batches.into_iter().enumerate() {
+            for batch in batches {
                 match committer::write(self, &mut log, batch) {
                     Ok(left) => {
                         leftovers.push(left);
-                        each(index, Ok(()));
+                        each(Ok(()));
                     }
-                    Err(Fault::Refused(e) | Fault::Io(e)) => each(index, Err(e)),
+                    Err(Fault::Refused(e) | Fault::Io(e)) => each(Err(e)),
                 }
             }
             if !leftovers.is_empty() {

@@ -255,7 +255,6 @@ impl Writer {
             return None;
         }
         std::mem::swap(&mut self.buffer, into);
-        self.unsynced = true;
         Some(Unwritten {
             file: self.active.clone(),
             offset: self.buffer_at,
