@@ -20,7 +20,7 @@ use smallvec::SmallVec;
 
 use super::committer::{self, Fault};
 use super::writer::BUFFER_KEPT;
-use super::{Inner, Log, compaction, fit_values};
+use super::{Inner, Log, compaction, fit_values, segment};
 use crate::error::StoreError;
 use crate::slot::Leftovers;
 use crate::store::Batch;
@@ -109,7 +109,8 @@ impl Inner {
                     self.progress.mark_written(start, stop);
                 }
                 Err(e) => {
-                    self.poison(StoreError::io("appending a record", &unwritten.path, e));
+                    let path = segment::path(&self.dir, unwritten.segment);
+                    self.poison(StoreError::io("appending a record", path, e));
                 }
             }
         }

@@ -88,8 +88,8 @@ pub(crate) struct Unwritten {
     pub(crate) offset: u64,
     /// The records' sequence numbers: `seqs.0..seqs.1`.
     pub(crate) seqs: (u64, u64),
-    /// The active segment's path, for an error message.
-    pub(crate) path: PathBuf,
+    /// The active segment's number: its path, for an error message, is made only then.
+    pub(crate) segment: u64,
 }
 
 impl Writer {
@@ -259,7 +259,7 @@ impl Writer {
             file: self.active.clone(),
             offset: self.buffer_at,
             seqs: (self.buffer_seq, self.next_seq),
-            path: self.active_path(),
+            segment: self.active_number(),
         })
     }
 
