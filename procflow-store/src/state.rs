@@ -248,26 +248,37 @@ impl State {
     /// resolves it into changes. Nothing is modified.
     pub(crate) fn prepare(&self, batch: Batch, limits: &Limits) -> Result<Prepared, StoreError> {
         limits.check(&batch)?;
-        if let (Some(token), Some(highest)) = (batch.fencing_token, self.highest_token)
-            && token < highest
-        {
-            return Err(StoreError::Fenced { token, highest });
-        }
+        self.check_token(batch.fencing_token)?;
         let records = &self.records;
         let mut spent = batch.ops;
         let (changes, checks) = resolve(&mut spent, |id| records.get(&id).map(|r| r.parent))?;
-        if let Some(key) = checks
-            .must_be_absent
-            .into_iter()
-            .find(|key| self.meta.contains_key(key))
-        {
-            return Err(StoreError::MetaExists { key });
-        }
+        self.check_absent(checks.must_be_absent)?;
         Ok(Prepared {
             changes,
             fencing_token: batch.fencing_token,
             spent,
         })
+    }
+
+    /// Refuses a batch whose fencing token is older than the highest committed.
+    pub(crate) fn check_token(&self, token: Option<u64>) -> Result<(), StoreError> {
+        match (token, self.highest_token) {
+            (Some(token), Some(highest)) if token < highest => {
+                Err(StoreError::Fenced { token, highest })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Refuses a batch that creates a metadata key that exists ([`Checks::must_be_absent`]).
+    pub(crate) fn check_absent(&self, must_be_absent: Vec<String>) -> Result<(), StoreError> {
+        match must_be_absent
+            .into_iter()
+            .find(|key| self.meta.contains_key(key))
+        {
+            Some(key) => Err(StoreError::MetaExists { key }),
+            None => Ok(()),
+        }
     }
 
     /// Raises the highest fencing token to `token`.

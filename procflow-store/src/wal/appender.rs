@@ -15,10 +15,12 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::thread::LocalKey;
 
 use smallvec::SmallVec;
 
 use super::committer::{self, Fault};
+use super::early::{self, Early};
 use super::writer::BUFFER_KEPT;
 use super::{Inner, Log, compaction, fit_values, segment};
 use crate::error::StoreError;
@@ -30,6 +32,10 @@ thread_local! {
     /// writer for the next commit's records (`Writer::take_unwritten`), so a commit
     /// allocates none.
     static BUFFER: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+
+    /// The records of this thread's last commit as encoded before the log's lock
+    /// (`early.rs`), emptied: kept for the next commit's, so encoding allocates none.
+    static ENCODED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Inner {
@@ -66,7 +72,8 @@ impl Inner {
     /// Appends `batches` as records and applies them, under the log's lock, then writes
     /// the records without it. `each` gets every batch's outcome, in order: a batch
     /// taken (`Ok`) is durable once every record below the returned sequence number
-    /// is.
+    /// is. What needs nothing of the log, checking and encoding, is done before its
+    /// lock is taken (`early.rs`).
     ///
     /// Not `async`: nothing between taking a range and writing it may be cancelled, or
     /// the range would stay a gap that holds back every later commit.
@@ -75,6 +82,11 @@ impl Inner {
         batches: impl IntoIterator<Item = Batch>,
         mut each: impl FnMut(Result<(), StoreError>),
     ) -> u64 {
+        let mut encoded = ENCODED.with_borrow_mut(std::mem::take);
+        let early: SmallVec<[Early; 1]> = batches
+            .into_iter()
+            .map(|batch| early::encode(batch, &mut encoded))
+            .collect();
         // A panic from here on (under the lock, or between taking a range and writing
         // it) leaves the log unknown: as on the committer thread, the store is poisoned.
         let _failing = PoisonOnUnwind(self);
@@ -83,8 +95,8 @@ impl Inner {
         let mut leftovers: SmallVec<[Leftovers; 1]> = SmallVec::new();
         let (unwritten, end) = {
             let mut log = self.lock_log();
-            for batch in batches {
-                match committer::write(self, &mut log, batch) {
+            for batch in early {
+                match committer::write_early(self, &mut log, batch, &encoded) {
                     Ok(left) => {
                         leftovers.push(left);
                         each(Ok(()));
@@ -114,10 +126,8 @@ impl Inner {
                 }
             }
         }
-        records.clear();
-        if records.capacity() <= BUFFER_KEPT {
-            BUFFER.with_borrow_mut(|kept| *kept = records);
-        }
+        keep(&BUFFER, records);
+        keep(&ENCODED, encoded);
         drop(leftovers);
         end
     }
@@ -134,6 +144,15 @@ impl Inner {
         compaction::compact(state, kept, index, writer)
             .map(drop)
             .map_err(|e| self.poison(e))
+    }
+}
+
+/// Keeps `buffer`, emptied, as this thread's `kept` for the next commit, unless one
+/// large round made it larger than a buffer is worth keeping.
+fn keep(kept: &'static LocalKey<RefCell<Vec<u8>>>, mut buffer: Vec<u8>) {
+    buffer.clear();
+    if buffer.capacity() <= BUFFER_KEPT {
+        kept.with_borrow_mut(|kept| *kept = buffer);
     }
 }
 

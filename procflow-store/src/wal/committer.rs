@@ -56,9 +56,11 @@ use std::time::{Duration, Instant};
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
+use super::early::Early;
 use super::{Inner, Log, compaction, record};
 use crate::error::StoreError;
 use crate::slot::{Answer, CommitSlot, Leftovers};
+use crate::state::Prepared;
 use crate::store::{Batch, Limits};
 
 /// The largest queue vector kept for the next group, in requests: one burst should not
@@ -362,12 +364,7 @@ pub(super) enum Fault {
 
 /// Appends `batch` as one record and applies it to the in-memory state.
 pub(super) fn write(inner: &Inner, log: &mut Log, batch: Batch) -> Result<Leftovers, Fault> {
-    if log.closed {
-        return Err(Fault::Refused(StoreError::Closed));
-    }
-    if inner.is_poisoned() {
-        return Err(Fault::Refused(StoreError::Poisoned));
-    }
+    writable(inner, log)?;
     let prepared = log
         .state
         .prepare(batch, &Limits::default())
@@ -382,6 +379,49 @@ pub(super) fn write(inner: &Inner, log: &mut Log, batch: Batch) -> Result<Leftov
             payload_len,
         )
         .map_err(|e| Fault::Io(inner.poison(e)))?;
+    Ok(apply(inner, log, segment, prepared))
+}
+
+/// [`write()`] for a batch checked and encoded before the log's lock was taken
+/// (`early.rs`): what is left is what needs the log, its checks against the store's
+/// contents, its sequence number and its apply. `encoded` holds its record.
+pub(super) fn write_early(
+    inner: &Inner,
+    log: &mut Log,
+    early: Early,
+    encoded: &[u8],
+) -> Result<Leftovers, Fault> {
+    let (left, outcome) = match early {
+        Early::Late(batch) => return write(inner, log, batch),
+        Early::Checked(left, outcome) => (left, outcome),
+    };
+    writable(inner, log)?;
+    let early = log
+        .state
+        .check_token(left.fencing_token)
+        .and_then(|()| log.state.check_absent(left.must_be_absent))
+        .and(outcome)
+        .map_err(Fault::Refused)?;
+    let segment = log
+        .writer
+        .append_encoded(&encoded[early.record])
+        .map_err(|e| Fault::Io(inner.poison(e)))?;
+    Ok(apply(inner, log, segment, early.prepared))
+}
+
+/// Refuses every batch once the store is closed or poisoned.
+fn writable(inner: &Inner, log: &Log) -> Result<(), Fault> {
+    if log.closed {
+        return Err(Fault::Refused(StoreError::Closed));
+    }
+    if inner.is_poisoned() {
+        return Err(Fault::Refused(StoreError::Poisoned));
+    }
+    Ok(())
+}
+
+/// Applies a batch whose record was appended to `segment`, and counts it.
+fn apply(inner: &Inner, log: &mut Log, segment: u64, prepared: Prepared) -> Leftovers {
     log.state.observe_token(prepared.fencing_token);
     let mut leftovers = Leftovers {
         ops: prepared.spent,
@@ -394,7 +434,7 @@ pub(super) fn write(inner: &Inner, log: &mut Log, batch: Batch) -> Result<Leftov
         }
     }
     inner.commits.fetch_add(1, Ordering::Relaxed);
-    Ok(leftovers)
+    leftovers
 }
 
 /// Makes the flushed records durable: the group's one `fdatasync`. The log lock is not

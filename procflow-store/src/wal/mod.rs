@@ -4,7 +4,8 @@
 //! and creates segment files, [`writer`] appends and rolls, [`committer`] is the thread
 //! that writes queued batches and shares one fsync among them, [`appender`] the commits
 //! that write their own records ([`WalConfig::caller_writes`]) and the thread that then
-//! only syncs, [`progress`] how far such a log is written without a gap and how far it
+//! only syncs, [`early`] what such a commit checks and encodes before the log's lock,
+//! [`progress`] how far such a log is written without a gap and how far it
 //! is durable, [`recovery`] scans and
 //! replays at open (with [`verify`] checking checksums ahead of it), [`compaction`]
 //! reclaims space, [`config`] holds the knobs. The bytes are described in
@@ -15,6 +16,7 @@ mod arena;
 mod committer;
 mod compaction;
 mod config;
+mod early;
 mod index_beside;
 mod progress;
 mod record;

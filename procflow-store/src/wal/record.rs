@@ -170,8 +170,7 @@ pub(crate) fn append(
     let token = fencing_token.unwrap_or(0);
     record[TOKEN_OFFSET..TOKEN_OFFSET + 8].copy_from_slice(&token.to_le_bytes());
     record[PAYLOAD_CRC_OFFSET..PAYLOAD_CRC_OFFSET + 4].copy_from_slice(&payload_crc.to_le_bytes());
-    let header_crc = crc32c::crc32c(&record[..HEADER_CRC_OFFSET]);
-    record[HEADER_CRC_OFFSET..RECORD_HEADER_LEN].copy_from_slice(&header_crc.to_le_bytes());
+    seal_header(record);
 }
 
 /// A change as postcard writes the enum: its variant's index, then its fields in order
@@ -291,6 +290,19 @@ pub(crate) fn decode_header(buf: &[u8]) -> Result<RecordHeader, HeaderError> {
 /// header checksum. Done by the writer, which alone knows where groups start.
 pub(crate) fn mark_group_start(record: &mut [u8]) {
     record[FLAGS_OFFSET] |= FLAG_GROUP_START;
+    seal_header(record);
+}
+
+/// Gives a whole record that [`append`] wrote, with whatever sequence number, the
+/// sequence number `seq`: a record encoded before the log numbered it
+/// (`wal/early.rs`). Its payload and the payload's checksum stay as they are.
+pub(crate) fn renumber(record: &mut [u8], seq: u64) {
+    record[SEQ_OFFSET..SEQ_OFFSET + 8].copy_from_slice(&seq.to_le_bytes());
+    seal_header(record);
+}
+
+/// Writes the checksum of the header's other fields into the header.
+fn seal_header(record: &mut [u8]) {
     let header_crc = crc32c::crc32c(&record[..HEADER_CRC_OFFSET]);
     record[HEADER_CRC_OFFSET..RECORD_HEADER_LEN].copy_from_slice(&header_crc.to_le_bytes());
 }

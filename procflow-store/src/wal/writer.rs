@@ -182,7 +182,31 @@ impl Writer {
         changes: &[Change],
         payload_len: u32,
     ) -> Result<u64, StoreError> {
-        let len = (record::RECORD_HEADER_LEN + payload_len as usize) as u64;
+        let len = record::RECORD_HEADER_LEN + payload_len as usize;
+        self.append_with(len, |buffer, seq| {
+            record::append(buffer, kind, seq, fencing_token, changes, payload_len);
+        })
+    }
+
+    /// Appends a whole record encoded before it had its sequence number (`early.rs`),
+    /// as [`append`](Self::append) does: it is copied into the group's buffer and given
+    /// the next sequence number there.
+    pub(crate) fn append_encoded(&mut self, encoded: &[u8]) -> Result<u64, StoreError> {
+        self.append_with(encoded.len(), |buffer, seq| {
+            let start = buffer.len();
+            buffer.extend_from_slice(encoded);
+            record::renumber(&mut buffer[start..], seq);
+        })
+    }
+
+    /// Appends the record of `len` bytes that `write` puts at the end of the group's
+    /// buffer with the sequence number it is given.
+    fn append_with(
+        &mut self,
+        len: usize,
+        write: impl FnOnce(&mut Vec<u8>, u64),
+    ) -> Result<u64, StoreError> {
+        let len = len as u64;
         let active = self.active_info();
         if active.len > SEGMENT_HEADER_LEN as u64 && active.len + len > self.segment_size {
             self.roll()?;
@@ -204,13 +228,10 @@ impl Writer {
             // never land on a record another thread wrote.
             self.reserve_for(self.buffer_at + self.buffer.len() as u64 + len);
         }
-        record::append(
-            &mut self.buffer,
-            kind,
-            seq,
-            fencing_token,
-            changes,
-            payload_len,
+        write(&mut self.buffer, seq);
+        debug_assert_eq!(
+            self.buffer_at + self.buffer.len() as u64,
+            self.active_info().len + len
         );
         if starts_group {
             record::mark_group_start(&mut self.buffer);
