@@ -631,8 +631,7 @@ fn header(plan: &Plan, dir: &Path) {
     }
 }
 
-/// The WAL's settings without `fdatasync`.
-/// The WAL whose commits write their own records, the committer thread only syncing.
+/// The WAL whose commits write their own records, the committer thread only closing.
 fn caller_writes() -> WalConfig {
     WalConfig {
         caller_writes: true,
@@ -640,6 +639,7 @@ fn caller_writes() -> WalConfig {
     }
 }
 
+/// The WAL's settings without `fdatasync`.
 fn no_sync() -> WalConfig {
     WalConfig {
         sync: SyncMode::NoSync,

@@ -93,7 +93,7 @@ impl Inner {
         let mut records = BUFFER.with_borrow_mut(std::mem::take);
         // Freed after the lock, on this thread (`committer.rs` says why not under it).
         let mut leftovers: SmallVec<[Leftovers; 1]> = SmallVec::new();
-        let (unwritten, end) = {
+        let (unwritten, end, compacted) = {
             let mut log = self.lock_log();
             for batch in early {
                 match committer::write_early(self, &mut log, batch, &encoded) {
@@ -104,13 +104,12 @@ impl Inner {
                     Err(Fault::Refused(e) | Fault::Io(e)) => each(Err(e)),
                 }
             }
-            if !leftovers.is_empty() {
-                // A failure poisons the store: the commits' durable wait fails.
-                let _ = self.compact(&mut log);
-            }
+            // A failure poisons the store: the commits' durable wait fails.
+            let compacted = !leftovers.is_empty() && self.compact(&mut log).is_ok_and(|n| n > 0);
             (
                 log.writer.take_unwritten(&mut records),
                 log.writer.next_seq(),
+                compacted,
             )
         };
         if let Some(unwritten) = unwritten {
@@ -126,14 +125,31 @@ impl Inner {
                 }
             }
         }
+        if compacted {
+            self.delete_compacted(end);
+        }
         keep(&BUFFER, records);
         keep(&ENCODED, encoded);
         drop(leftovers);
         end
     }
 
-    /// Compacts if it is due: as the committer does after a group.
-    fn compact(&self, log: &mut Log) -> Result<(), StoreError> {
+    /// Deletes the segments this commit's compaction took out of the log, once every
+    /// record below `end` (this commit's, compaction's) is written and synced: synced
+    /// here, as the lock holder synced them before the deletion moved out of the lock.
+    fn delete_compacted(&self, end: u64) {
+        if self.progress.wait_written(end).is_err() {
+            return; // Poisoned.
+        }
+        sync_written(self);
+        if self.progress.durable() >= end {
+            self.delete_doomed();
+        }
+    }
+
+    /// Compacts if it is due, as the committer does after a group; the segments it
+    /// took out of the log.
+    fn compact(&self, log: &mut Log) -> Result<usize, StoreError> {
         let Log {
             state,
             kept,
@@ -141,9 +157,7 @@ impl Inner {
             writer,
             ..
         } = log;
-        compaction::compact(state, kept, index, writer)
-            .map(drop)
-            .map_err(|e| self.poison(e))
+        compaction::compact(state, kept, index, writer).map_err(|e| self.poison(e))
     }
 }
 

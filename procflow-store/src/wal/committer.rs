@@ -350,7 +350,13 @@ fn serve(inner: &Inner, group: impl ExactSizeIterator<Item = Request>) -> Option
         outcome
     };
     let outcome = outcome.and_then(|()| sync(inner, !written.is_empty()));
+    let synced = outcome.is_ok();
     finish(inner, written, close, outcome, &mut here);
+    if synced {
+        // After the answers: the group's sync made compaction's records durable, and
+        // no commit waits for the segments' files to go.
+        inner.delete_doomed();
+    }
     here
 }
 
@@ -479,7 +485,10 @@ fn finish(
             Err(StoreError::Poisoned)
         } else {
             // A closed store's files end at their last record.
-            let closed = inner.lock_log().writer.close_active();
+            let closed = {
+                let writer = &mut inner.lock_log().writer;
+                writer.close_active().and_then(|()| writer.delete_doomed())
+            };
             closed.map_err(|e| inner.poison(e))
         };
         drop(inner.lock_log().lock.take());

@@ -4,9 +4,11 @@
 //! and an estimate of that change's size. When closed segments hold more than
 //! [`COMPACTION_RATIO`] times the live bytes, [`compact`] walks the closed segments
 //! oldest first: the latest changes still sitting in a segment are rewritten forward as
-//! one `KIND_COMPACTION` record (with the highest fencing token), synced, and the segment
-//! is deleted. Only the oldest segment is ever deleted, so a delete's tombstone can only
-//! disappear together with every older change of its key.
+//! `KIND_COMPACTION` records (with the highest fencing token), and the segment leaves the
+//! log; its file is deleted once those records are durable, by the thread that compacted
+//! after it let the log's lock go ([`Doomed::delete`](super::writer::Doomed::delete)).
+//! Only the oldest segment is ever deleted, so a delete's tombstone can only disappear
+//! together with every older change of its key.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hash};
@@ -140,7 +142,9 @@ impl LiveIndex {
 }
 
 /// Compacts closed segments, oldest first, while they hold more than
-/// [`COMPACTION_RATIO`] times the live bytes. Returns how many segments were removed.
+/// [`COMPACTION_RATIO`] times the live bytes. Returns how many segments it took out of
+/// the log; none while the files of the last ones are still to be deleted (the caller
+/// deletes them once the records are durable: `Inner::delete_doomed`).
 ///
 /// The closed segments are counted afresh before each one: rewriting live changes forward
 /// can fill the active segment and close it, and those bytes count too (counting only the
@@ -159,6 +163,11 @@ pub(crate) fn compact(
 ) -> Result<usize, StoreError> {
     let active_at_start = writer.active_number();
     let mut removed = 0;
+    if writer.deleting() {
+        // The last compaction's files are being deleted (`Doomed::delete`): they go
+        // first, in order.
+        return Ok(0);
+    }
     loop {
         let segments = writer.segments();
         let closed = &segments[..segments.len() - 1];
@@ -221,7 +230,8 @@ fn runs(changes: &[Change], bound: u64) -> impl Iterator<Item = &[Change]> {
 }
 
 /// Rewrites the latest changes still in `segment` as records at the end of the log
-/// ([`COMPACTION_RECORD_BYTES`] each), makes them durable, and deletes the segment.
+/// ([`COMPACTION_RECORD_BYTES`] each), and takes the segment out of the log
+/// ([`Writer::doom_oldest`]): its file is deleted once they are durable.
 ///
 /// Why several records are as safe as one: the segment is deleted only once all of them
 /// are durable. A crash before that leaves the segment in place, and whichever of its
@@ -260,8 +270,8 @@ fn rewrite_forward(
             index.note(landed, change);
         }
     }
-    writer.sync_active()?;
-    writer.remove_segment(segment)?;
+    debug_assert_eq!(writer.segments()[0].number, segment);
+    writer.doom_oldest();
     Ok(())
 }
 

@@ -79,6 +79,9 @@ pub(crate) struct Writer {
     /// number (meaningful while the buffer holds records).
     buffer_at: u64,
     buffer_seq: u64,
+    /// Segments compaction rewrote forward and took out of `segments`, oldest first,
+    /// whose files are still to be deleted ([`Writer::doomed`]).
+    doomed: Vec<u64>,
 }
 
 /// Records taken out of the writer's buffer to be written by the caller, without the
@@ -127,6 +130,7 @@ impl Writer {
             next_seq,
             positional,
             progress,
+            doomed: Vec::new(),
             buffer_at: reserved,
             buffer_seq: next_seq,
         }
@@ -381,19 +385,83 @@ impl Writer {
         Ok(())
     }
 
-    /// Deletes a closed segment and makes the deletion durable.
-    pub(crate) fn remove_segment(&mut self, number: u64) -> Result<(), StoreError> {
-        debug_assert_ne!(number, self.active_info().number);
-        let path = segment::path(&self.dir, number);
-        self.backend
-            .remove_file(&path)
-            .map_err(|e| StoreError::io("removing a compacted segment", &path, e))?;
-        if self.sync {
-            self.backend
-                .sync_dir(&self.dir)
-                .map_err(|e| StoreError::io("syncing the store directory", &self.dir, e))?;
+    /// Takes the oldest segment, whose live changes compaction rewrote forward, out of
+    /// the log: its file is deleted later ([`Doomed::delete`]), once those records are
+    /// durable, by the thread that compacted after it let the log's lock go.
+    pub(crate) fn doom_oldest(&mut self) {
+        debug_assert!(
+            self.segments.len() > 1,
+            "the active segment is never doomed"
+        );
+        let oldest = self.segments.remove(0);
+        self.doomed.push(oldest.number);
+    }
+
+    /// Segments whose files are to be deleted, oldest first, if any; `None` while
+    /// there are none.
+    pub(crate) fn doomed(&self) -> Option<Doomed> {
+        (!self.doomed.is_empty()).then(|| Doomed {
+            backend: self.backend.clone(),
+            dir: self.dir.clone(),
+            sync: self.sync,
+            numbers: self.doomed.clone(),
+        })
+    }
+
+    /// The files of `doomed` are deleted: compaction may doom more.
+    pub(crate) fn forget_doomed(&mut self, doomed: &Doomed) {
+        self.doomed
+            .retain(|number| !doomed.numbers.contains(number));
+    }
+
+    /// Deletes the doomed segments' files now, for a store that closes: its records
+    /// are durable.
+    pub(crate) fn delete_doomed(&mut self) -> Result<(), StoreError> {
+        if let Some(doomed) = self.doomed() {
+            doomed.delete()?;
+            self.forget_doomed(&doomed);
         }
-        self.segments.retain(|s| s.number != number);
+        Ok(())
+    }
+
+    /// Whether a doomed segment's file is still to be deleted. Compaction waits for
+    /// it: the files go in order, each deletion durable before the next, so that no
+    /// crash leaves an older segment beside a gap.
+    pub(crate) fn deleting(&self) -> bool {
+        !self.doomed.is_empty()
+    }
+}
+
+/// The files of segments compaction took out of the log ([`Writer::doom_oldest`]).
+pub(crate) struct Doomed {
+    backend: Arc<dyn IoBackend>,
+    dir: PathBuf,
+    sync: bool,
+    numbers: Vec<u64>,
+}
+
+impl Doomed {
+    /// Deletes the files, oldest first, each deletion made durable before the next.
+    /// Only once the records that carry their live changes forward are durable: until
+    /// then a crash must find them, and replaying one is harmless (its changes are
+    /// older than, or the same as, those the log holds after it). Deleted in order, a
+    /// crash cannot leave an older segment beside a gap.
+    pub(crate) fn delete(&self) -> Result<(), StoreError> {
+        for &number in &self.numbers {
+            let path = segment::path(&self.dir, number);
+            match self.backend.remove_file(&path) {
+                // A store's close deletes them too (`Writer::delete_doomed`), maybe first.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                removed => {
+                    removed.map_err(|e| StoreError::io("removing a compacted segment", &path, e))?
+                }
+            }
+            if self.sync {
+                self.backend
+                    .sync_dir(&self.dir)
+                    .map_err(|e| StoreError::io("syncing the store directory", &self.dir, e))?;
+            }
+        }
         Ok(())
     }
 }

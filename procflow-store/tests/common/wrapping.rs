@@ -10,15 +10,33 @@ use procflow_store::io::{DirLock, IoBackend, LogFile};
 /// What a test puts around each file the store creates or opens.
 pub type Wrap = Arc<dyn Fn(Arc<dyn LogFile>) -> Arc<dyn LogFile> + Send + Sync>;
 
-/// `inner`'s files through `wrap`; everything else is `inner`'s.
+/// What a test does before the store removes a file: an error fails the removal.
+pub type OnRemove = Arc<dyn Fn(&Path) -> io::Result<()> + Send + Sync>;
+
+/// `inner`'s files through `wrap`, its removals after `on_remove`; everything else is
+/// `inner`'s.
 pub struct WrapFiles {
     inner: Arc<dyn IoBackend>,
     wrap: Wrap,
+    on_remove: Option<OnRemove>,
 }
 
 impl WrapFiles {
     pub fn around(inner: Arc<dyn IoBackend>, wrap: Wrap) -> Arc<dyn IoBackend> {
-        Arc::new(WrapFiles { inner, wrap })
+        Arc::new(WrapFiles {
+            inner,
+            wrap,
+            on_remove: None,
+        })
+    }
+
+    /// `inner`, with `on_remove` called before every removal of a file.
+    pub fn watching_removes(inner: Arc<dyn IoBackend>, on_remove: OnRemove) -> Arc<dyn IoBackend> {
+        Arc::new(WrapFiles {
+            inner,
+            wrap: Arc::new(|file| file),
+            on_remove: Some(on_remove),
+        })
     }
 }
 
@@ -45,6 +63,9 @@ impl IoBackend for WrapFiles {
         self.inner.rename(from, to)
     }
     fn remove_file(&self, path: &Path) -> io::Result<()> {
+        if let Some(on_remove) = &self.on_remove {
+            on_remove(path)?;
+        }
         self.inner.remove_file(path)
     }
     fn sync_dir(&self, dir: &Path) -> io::Result<()> {
