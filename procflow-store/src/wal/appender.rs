@@ -27,6 +27,10 @@ use crate::error::StoreError;
 use crate::slot::Leftovers;
 use crate::store::Batch;
 
+/// How many of a compaction's records (of at most 1 MiB of changes each) are landed in
+/// one hold of the log's lock ([`Inner::land`]).
+const RUNS_PER_LANDING: usize = 4;
+
 thread_local! {
     /// The records of this thread's last commit, emptied: the buffer it hands the
     /// writer for the next commit's records (`Writer::take_unwritten`), so a commit
@@ -93,7 +97,7 @@ impl Inner {
         let mut records = BUFFER.with_borrow_mut(std::mem::take);
         // Freed after the lock, on this thread (`committer.rs` says why not under it).
         let mut leftovers: SmallVec<[Leftovers; 1]> = SmallVec::new();
-        let (unwritten, end, compacted) = {
+        let (unwritten, end, planned) = {
             let mut log = self.lock_log();
             for batch in early {
                 match committer::write_early(self, &mut log, batch, &encoded) {
@@ -104,12 +108,22 @@ impl Inner {
                     Err(Fault::Refused(e) | Fault::Io(e)) => each(Err(e)),
                 }
             }
-            // A failure poisons the store: the commits' durable wait fails.
-            let compacted = !leftovers.is_empty() && self.compact(&mut log).is_ok_and(|n| n > 0);
+            let planned = if leftovers.is_empty() || log.writer.deleting() {
+                None
+            } else {
+                let Log {
+                    state,
+                    kept,
+                    index,
+                    writer,
+                    ..
+                } = &mut *log;
+                compaction::plan(state, kept, index, writer)
+            };
             (
                 log.writer.take_unwritten(&mut records),
                 log.writer.next_seq(),
-                compacted,
+                planned,
             )
         };
         if let Some(unwritten) = unwritten {
@@ -125,8 +139,8 @@ impl Inner {
                 }
             }
         }
-        if compacted {
-            self.delete_compacted(end);
+        if let Some(compacted_below) = planned.and_then(|plan| self.land(plan)) {
+            self.delete_compacted(compacted_below);
         }
         keep(&BUFFER, records);
         keep(&ENCODED, encoded);
@@ -147,17 +161,31 @@ impl Inner {
         }
     }
 
-    /// Compacts if it is due, as the committer does after a group; the segments it
-    /// took out of the log.
-    fn compact(&self, log: &mut Log) -> Result<usize, StoreError> {
-        let Log {
-            state,
-            kept,
-            index,
-            writer,
-            ..
-        } = log;
-        compaction::compact(state, kept, index, writer).map_err(|e| self.poison(e))
+    /// Lands a compaction this commit planned, [`RUNS_PER_LANDING`] records at a
+    /// time: each few encoded without the log's lock, then landed under it, so that
+    /// the other threads' commits go on between them. The sequence number below which
+    /// its records lie, once the segment is out of the log; `None` if the store was
+    /// poisoned or closed meanwhile (the segment then stays, and is read at the next
+    /// open like any other).
+    fn land(&self, plan: compaction::Plan) -> Option<u64> {
+        let mut encoded = Vec::new();
+        for start in (0..plan.records()).step_by(RUNS_PER_LANDING) {
+            let which = start..plan.records().min(start + RUNS_PER_LANDING);
+            encoded.clear();
+            let at = plan.encode(which.clone(), &mut encoded);
+            let mut log = self.lock_log();
+            if log.closed || self.is_poisoned() {
+                return None;
+            }
+            let Log { index, writer, .. } = &mut *log;
+            if let Err(e) = plan.land(which, (&encoded, &at), index, writer) {
+                self.poison(e);
+                return None;
+            }
+        }
+        let mut log = self.lock_log();
+        plan.finish(&mut log.writer);
+        Some(log.writer.next_seq())
     }
 }
 

@@ -7,11 +7,15 @@
 //! `KIND_COMPACTION` records (with the highest fencing token), and the segment leaves the
 //! log; its file is deleted once those records are durable, by the thread that compacted
 //! after it let the log's lock go ([`Doomed::delete`](super::writer::Doomed::delete)).
+//! The committer thread does it all in one hold of the lock ([`compact`]); a commit that
+//! writes its own records plans it under the lock and lands it a few records at a time,
+//! encoding each few without the lock ([`Plan`]), so that other commits go on between.
 //! Only the oldest segment is ever deleted, so a delete's tombstone can only disappear
 //! together with every older change of its key.
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hash};
+use std::ops::Range;
 
 use super::arena::{self, Kept};
 use super::record::{self, KIND_COMPACTION};
@@ -125,6 +129,15 @@ impl LiveIndex {
         self.live_bytes
     }
 
+    /// Whether `change`'s key has its latest change in `segment`.
+    fn is_latest_in(&self, segment: u64, change: &Change) -> bool {
+        let location = match change {
+            Change::Put { id, .. } | Change::Delete { id } => self.procs.get(id),
+            Change::PutMeta { key, .. } | Change::DeleteMeta { key } => self.meta.get(key),
+        };
+        location.is_some_and(|(s, _)| *s == segment)
+    }
+
     /// The keys whose latest change is in `segment`, sorted.
     fn keys_in(&self, segment: u64) -> Vec<Key> {
         if !self.per_segment.contains_key(&segment) {
@@ -161,24 +174,22 @@ pub(crate) fn compact(
     index: &mut LiveIndex,
     writer: &mut Writer,
 ) -> Result<usize, StoreError> {
-    let active_at_start = writer.active_number();
-    let mut removed = 0;
     if writer.deleting() {
-        // The last compaction's files are being deleted (`Doomed::delete`): they go
-        // first, in order.
         return Ok(0);
     }
-    loop {
-        let segments = writer.segments();
-        let closed = &segments[..segments.len() - 1];
-        let closed_bytes: u64 = closed.iter().map(|s| s.len).sum();
-        let Some(oldest) = closed.first().map(|s| s.number) else {
+    let active_at_start = writer.active_number();
+    let mut removed = 0;
+    let mut encoded = Vec::new();
+    while writer.segments()[0].number <= active_at_start {
+        let Some(plan) = plan(state, kept, index, writer) else {
             break;
         };
-        if oldest > active_at_start || closed_bytes <= COMPACTION_RATIO * index.live_bytes() {
-            break;
+        for which in (0..plan.records()).map(|run| run..run + 1) {
+            encoded.clear();
+            let at = plan.encode(which.clone(), &mut encoded);
+            plan.land(which, (&encoded, &at), index, writer)?;
         }
-        rewrite_forward(state, kept, index, writer, oldest)?;
+        plan.finish(writer);
         removed += 1;
     }
     Ok(removed)
@@ -229,29 +240,61 @@ fn runs(changes: &[Change], bound: u64) -> impl Iterator<Item = &[Change]> {
     })
 }
 
-/// Rewrites the latest changes still in `segment` as records at the end of the log
-/// ([`COMPACTION_RECORD_BYTES`] each), and takes the segment out of the log
-/// ([`Writer::doom_oldest`]): its file is deleted once they are durable.
+/// The compaction of the oldest closed segment, planned under the log's lock
+/// ([`plan`]): the latest changes still in it, their values shared with the state, and
+/// the runs they are written in. Its records are encoded with or without the lock
+/// ([`Plan::encode`]) and landed in the log under it ([`Plan::land`]), a few runs at a
+/// time if the caller lets the lock go between them; [`Plan::finish`] then takes the
+/// segment out of the log ([`Writer::doom_oldest`]): its file is deleted once the
+/// records are durable.
 ///
 /// Why several records are as safe as one: the segment is deleted only once all of them
 /// are durable. A crash before that leaves the segment in place, and whichever of its
 /// copies reached the disk carry the same values as the segment (only a key's latest
-/// change is rewritten), so replaying them changes nothing. The records are one group
-/// (no sync between them, so only the first can start a group): damage in one of them
-/// with others after it is still a torn tail.
+/// change is rewritten), so replaying them changes nothing.
+///
+/// Why a change may be dropped at landing: between the plan and the landing, with the
+/// lock let go, a commit may have written a newer change of its key; that one is then
+/// the latest, and the copy would bring the older value back after it. A run with such
+/// a change is encoded again, under the lock, without it.
 ///
 /// The values in memory stay as they are, but for those recovery left in the segment's
 /// mapping ([`Kept`]): they get copies of their own first, so that the store does not
 /// keep a deleted file's space, nor its pages, for as long as they live. Making the
 /// others slices of the record just written would only let a few of them keep that
 /// whole record resident once the rest are superseded.
-fn rewrite_forward(
+pub(crate) struct Plan {
+    segment: u64,
+    changes: Vec<Change>,
+    /// Each record's changes, as a range of `changes`.
+    runs: Vec<Range<usize>>,
+    /// The highest fencing token when planned, which the records carry: at least every
+    /// token the segment's records carry.
+    token: Option<u64>,
+}
+
+/// Plans the compaction of the oldest closed segment if closed segments hold more than
+/// [`COMPACTION_RATIO`] times the live bytes; none while another plan is landing.
+///
+/// The caller plans none either while the files of segments an earlier pass took out
+/// are still to be deleted ([`Writer::deleting`]): whoever deletes them checked that
+/// their records are durable, which says nothing of a later pass's.
+pub(crate) fn plan(
     state: &mut State,
     kept: &mut Kept,
-    index: &mut LiveIndex,
+    index: &LiveIndex,
     writer: &mut Writer,
-    segment: u64,
-) -> Result<(), StoreError> {
+) -> Option<Plan> {
+    if writer.compacting() {
+        return None;
+    }
+    let segments = writer.segments();
+    let closed = &segments[..segments.len() - 1];
+    let closed_bytes: u64 = closed.iter().map(|s| s.len).sum();
+    let segment = closed.first()?.number;
+    if closed_bytes <= COMPACTION_RATIO * index.live_bytes() {
+        return None;
+    }
     let keys = index.keys_in(segment);
     if let Some(mapping) = kept.remove(&segment) {
         let ids = keys.iter().filter_map(|key| match key {
@@ -261,18 +304,88 @@ fn rewrite_forward(
         arena::copy_out_of(&mut state.records, ids.collect(), mapping);
     }
     let changes: Vec<Change> = keys.iter().filter_map(|key| state.current(key)).collect();
-    for run in runs(&changes, record_bound(writer.segment_size())) {
-        let payload_len = record::payload_len(run)?;
-        let landed = writer.append(KIND_COMPACTION, state.highest_token, run, payload_len)?;
-        // To the file now: the buffer holds one record, not the segment's live data.
-        writer.flush()?;
-        for change in run {
-            index.note(landed, change);
-        }
+    let mut start = 0;
+    let runs = runs(&changes, record_bound(writer.segment_size()))
+        .map(|run| {
+            start += run.len();
+            start - run.len()..start
+        })
+        .collect();
+    writer.set_compacting(true);
+    Some(Plan {
+        segment,
+        changes,
+        runs,
+        token: state.highest_token,
+    })
+}
+
+impl Plan {
+    /// The number of records it writes.
+    pub(crate) fn records(&self) -> usize {
+        self.runs.len()
     }
-    debug_assert_eq!(writer.segments()[0].number, segment);
-    writer.doom_oldest();
-    Ok(())
+
+    /// Appends the records of runs `which` to `out`, whole, numbered 0 (the log numbers
+    /// them as it lands them); returns where each is.
+    pub(crate) fn encode(&self, which: Range<usize>, out: &mut Vec<u8>) -> Vec<Range<usize>> {
+        self.runs[which]
+            .iter()
+            .map(|run| {
+                let changes = &self.changes[run.clone()];
+                let start = out.len();
+                // Runs are bounded far below 4 GiB (`record_bound`).
+                let payload_len = record::payload_len(changes).expect("a bounded run");
+                record::append(out, KIND_COMPACTION, 0, self.token, changes, payload_len);
+                start..out.len()
+            })
+            .collect()
+    }
+
+    /// Lands runs `which` in the log, their records in `encoded` at `at` ([`encode`]),
+    /// each flushed to the file as it lands: the writer's buffer holds one record, not
+    /// the segment's live data.
+    ///
+    /// [`encode`]: Plan::encode
+    pub(crate) fn land(
+        &self,
+        which: Range<usize>,
+        (encoded, at): (&[u8], &[Range<usize>]),
+        index: &mut LiveIndex,
+        writer: &mut Writer,
+    ) -> Result<(), StoreError> {
+        for (run, bytes) in self.runs[which].iter().zip(at) {
+            let changes = &self.changes[run.clone()];
+            let stale = |change: &&Change| !index.is_latest_in(self.segment, change);
+            let landed = if changes.iter().any(|c| stale(&c)) {
+                let fresh: Vec<Change> = changes.iter().filter(|c| !stale(c)).cloned().collect();
+                let payload_len = record::payload_len(&fresh)?;
+                let landed = writer.append(KIND_COMPACTION, self.token, &fresh, payload_len)?;
+                note_all(index, landed, &fresh);
+                landed
+            } else {
+                let landed = writer.append_encoded(&encoded[bytes.clone()])?;
+                note_all(index, landed, changes);
+                landed
+            };
+            debug_assert!(landed > self.segment);
+            writer.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Every run landed: takes the segment out of the log.
+    pub(crate) fn finish(self, writer: &mut Writer) {
+        debug_assert_eq!(writer.segments()[0].number, self.segment);
+        writer.doom_oldest();
+        writer.set_compacting(false);
+    }
+}
+
+fn note_all(index: &mut LiveIndex, segment: u64, changes: &[Change]) {
+    for change in changes {
+        index.note(segment, change);
+    }
 }
 
 #[cfg(test)]

@@ -834,6 +834,65 @@ mod tests {
         }
     }
 
+    /// Stop 75: a compaction landed while the log's lock was let go since its plan
+    /// (as commits that write their own records land theirs) drops the copy of a key
+    /// written meanwhile: landed after the newer change, the copy would bring the old
+    /// value back at the next open.
+    #[tokio::test]
+    async fn a_change_written_while_a_compaction_lands_is_not_brought_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = WalStore::open(dir.path(), small_segments()).unwrap();
+        let idle = |id: u64| vec![id as u8; 100];
+        for id in 10..30 {
+            store
+                .commit(Batch::new().put(id, None, idle(id)))
+                .await
+                .unwrap();
+        }
+        // No compaction of the store's own until the test plans one.
+        store.inner.lock_log().writer.set_compacting(true);
+        for n in 0..20u8 {
+            let batch = Batch::new().put(1, None, vec![n; 1000]);
+            store.commit(batch).await.unwrap();
+        }
+        let plan = {
+            let mut log = store.inner.lock_log();
+            log.writer.set_compacting(false);
+            let Log {
+                state,
+                kept,
+                index,
+                writer,
+                ..
+            } = &mut *log;
+            compaction::plan(state, kept, index, writer).expect("compaction is due")
+        };
+        // Written after the plan, before the landing: the newest change of key 15.
+        let newer = b"newer".to_vec();
+        store
+            .commit(Batch::new().put(15, None, newer.clone()))
+            .await
+            .unwrap();
+        {
+            let mut log = store.inner.lock_log();
+            let Log { index, writer, .. } = &mut *log;
+            let mut encoded = Vec::new();
+            let at = plan.encode(0..plan.records(), &mut encoded);
+            plan.land(0..plan.records(), (&encoded, &at), index, writer)
+                .unwrap();
+            plan.finish(writer);
+        }
+        store.inner.delete_doomed();
+        assert_eq!(store.get(15).await.unwrap().unwrap().value, newer);
+        store.close().await.unwrap();
+        drop(store);
+        let store = WalStore::open(dir.path(), small_segments()).unwrap();
+        assert_eq!(store.get(15).await.unwrap().unwrap().value, newer);
+        for id in (10..30).filter(|&id| id != 15) {
+            assert_eq!(store.get(id).await.unwrap().unwrap().value, idle(id));
+        }
+    }
+
     /// Issue 33: compaction rewrites a segment's live data as several records of a
     /// bounded size, not one record of it all, and a reopened store reads every value
     /// back from them.

@@ -82,6 +82,8 @@ pub(crate) struct Writer {
     /// Segments compaction rewrote forward and took out of `segments`, oldest first,
     /// whose files are still to be deleted ([`Writer::doomed`]).
     doomed: Vec<u64>,
+    /// A compaction is landing its records, the log's lock let go between its runs.
+    compacting: bool,
 }
 
 /// Records taken out of the writer's buffer to be written by the caller, without the
@@ -131,6 +133,7 @@ impl Writer {
             positional,
             progress,
             doomed: Vec::new(),
+            compacting: false,
             buffer_at: reserved,
             buffer_seq: next_seq,
         }
@@ -422,6 +425,16 @@ impl Writer {
             self.forget_doomed(&doomed);
         }
         Ok(())
+    }
+
+    /// Marks a compaction's plan as landing (`compaction::Plan`): no other is planned.
+    pub(crate) fn set_compacting(&mut self, compacting: bool) {
+        self.compacting = compacting;
+    }
+
+    /// Whether a compaction's plan is landing.
+    pub(crate) fn compacting(&self) -> bool {
+        self.compacting
     }
 
     /// Whether a doomed segment's file is still to be deleted. Compaction waits for
