@@ -111,14 +111,7 @@ impl Inner {
             let planned = if leftovers.is_empty() || log.writer.deleting() {
                 None
             } else {
-                let Log {
-                    state,
-                    kept,
-                    index,
-                    writer,
-                    ..
-                } = &mut *log;
-                compaction::plan(state, kept, index, writer)
+                log.plan_compaction()
             };
             (
                 log.writer.take_unwritten(&mut records),
@@ -130,8 +123,14 @@ impl Inner {
             match unwritten.file.write_at(unwritten.offset, &records) {
                 Ok(()) => {
                     let (start, stop) = unwritten.seqs;
-                    // Wakes the sync thread (`Progress::wait_for_unsynced`).
-                    self.progress.mark_written(start, stop);
+                    if planned.is_some() {
+                        // This thread syncs them, with the compaction's records
+                        // (`compact_planned`): one sync, not one for each.
+                        self.progress.mark_written_quietly(start, stop);
+                    } else {
+                        // Wakes the sync thread (`Progress::wait_for_unsynced`).
+                        self.progress.mark_written(start, stop);
+                    }
                 }
                 Err(e) => {
                     let path = segment::path(&self.dir, unwritten.segment);
@@ -139,8 +138,8 @@ impl Inner {
                 }
             }
         }
-        if let Some(compacted_below) = planned.and_then(|plan| self.land(plan)) {
-            self.delete_compacted(compacted_below);
+        if let Some(plan) = planned {
+            self.compact_planned(plan, end);
         }
         keep(&BUFFER, records);
         keep(&ENCODED, encoded);
@@ -158,6 +157,21 @@ impl Inner {
         sync_written(self);
         if self.progress.durable() >= end {
             self.delete_doomed();
+        }
+    }
+
+    /// Lands the compaction this commit planned, syncs its records with the commit's
+    /// own (written below `end`), and deletes the compacted segment's file. If the
+    /// landing stopped (the store poisoned or closed), the commit's records are still
+    /// synced here: they were marked written without waking the sync thread.
+    fn compact_planned(&self, plan: compaction::Plan, end: u64) {
+        match self.land(plan) {
+            Some(compacted_below) => self.delete_compacted(compacted_below),
+            None => {
+                if self.progress.wait_written(end).is_ok() {
+                    sync_written(self);
+                }
+            }
         }
     }
 

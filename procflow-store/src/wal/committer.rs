@@ -57,7 +57,7 @@ use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
 use super::early::Early;
-use super::{Inner, Log, compaction, record};
+use super::{Inner, Log, record};
 use crate::error::StoreError;
 use crate::slot::{Answer, CommitSlot, Leftovers};
 use crate::state::Prepared;
@@ -336,15 +336,9 @@ fn serve(inner: &Inner, group: impl ExactSizeIterator<Item = Request>) -> Option
             }
         }
         if outcome.is_ok() && !written.is_empty() {
-            let Log {
-                state,
-                kept,
-                index,
-                writer,
-                ..
-            } = &mut *log;
-            outcome = compaction::compact(state, kept, index, writer)
-                .and_then(|_| writer.flush())
+            outcome = log
+                .compact()
+                .and_then(|_| log.writer.flush())
                 .map_err(|e| inner.poison(e));
         }
         outcome

@@ -174,6 +174,29 @@ struct Log {
     lock: Option<DirLock>,
 }
 
+impl Log {
+    /// Plans a compaction if one is due (`compaction::plan`).
+    fn plan_compaction(&mut self) -> Option<compaction::Plan> {
+        compaction::plan(
+            &mut self.state,
+            &mut self.kept,
+            &self.index,
+            &mut self.writer,
+        )
+    }
+
+    /// Compacts, if due, in this hold of the lock (`compaction::compact`); the segments
+    /// it took out of the log.
+    fn compact(&mut self) -> Result<usize, StoreError> {
+        compaction::compact(
+            &mut self.state,
+            &mut self.kept,
+            &mut self.index,
+            &mut self.writer,
+        )
+    }
+}
+
 impl WalStore {
     /// Opens (or creates) the store in `dir` on the real file system, recovering its
     /// contents. Blocks while it reads the log.
@@ -834,6 +857,21 @@ mod tests {
         }
     }
 
+    /// The value procedure `id` of [`put_idle`] keeps.
+    fn idle(id: u64) -> Vec<u8> {
+        vec![id as u8; 100]
+    }
+
+    /// Puts 100 bytes to procedures 10 to 29, which then never change.
+    async fn put_idle(store: &WalStore) {
+        for id in 10..30 {
+            store
+                .commit(Batch::new().put(id, None, idle(id)))
+                .await
+                .unwrap();
+        }
+    }
+
     /// Stop 75: a compaction landed while the log's lock was let go since its plan
     /// (as commits that write their own records land theirs) drops the copy of a key
     /// written meanwhile: landed after the newer change, the copy would bring the old
@@ -842,13 +880,7 @@ mod tests {
     async fn a_change_written_while_a_compaction_lands_is_not_brought_back() {
         let dir = tempfile::tempdir().unwrap();
         let store = WalStore::open(dir.path(), small_segments()).unwrap();
-        let idle = |id: u64| vec![id as u8; 100];
-        for id in 10..30 {
-            store
-                .commit(Batch::new().put(id, None, idle(id)))
-                .await
-                .unwrap();
-        }
+        put_idle(&store).await;
         // No compaction of the store's own until the test plans one.
         store.inner.lock_log().writer.set_compacting(true);
         for n in 0..20u8 {
@@ -858,14 +890,7 @@ mod tests {
         let plan = {
             let mut log = store.inner.lock_log();
             log.writer.set_compacting(false);
-            let Log {
-                state,
-                kept,
-                index,
-                writer,
-                ..
-            } = &mut *log;
-            compaction::plan(state, kept, index, writer).expect("compaction is due")
+            log.plan_compaction().expect("compaction is due")
         };
         // Written after the plan, before the landing: the newest change of key 15.
         let newer = b"newer".to_vec();
@@ -901,13 +926,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let config = small_segments();
         let store = WalStore::open(dir.path(), config.clone()).unwrap();
-        let idle = |id: u64| vec![id as u8; 100];
-        for id in 10..30 {
-            store
-                .commit(Batch::new().put(id, None, idle(id)))
-                .await
-                .unwrap();
-        }
+        put_idle(&store).await;
         churn_until_compacted(&store, 1).await;
         let segments: Vec<u64> = {
             let log = store.inner.lock_log();
