@@ -13,6 +13,7 @@
 //! [`WalConfig::caller_writes`]: crate::WalConfig::caller_writes
 
 use std::cell::RefCell;
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::thread::LocalKey;
@@ -176,30 +177,47 @@ impl Inner {
     }
 
     /// Lands a compaction this commit planned, [`RUNS_PER_LANDING`] records at a
-    /// time: each few encoded without the log's lock, then landed under it, so that
-    /// the other threads' commits go on between them. The sequence number below which
+    /// time: each hold of the log's lock lands the records encoded since the last one
+    /// and reads the values of the next few, which are encoded without the lock, so
+    /// that the other threads' commits go on between. The sequence number below which
     /// its records lie, once the segment is out of the log; `None` if the store was
     /// poisoned or closed meanwhile (the segment then stays, and is read at the next
     /// open like any other).
     fn land(&self, plan: compaction::Plan) -> Option<u64> {
         let mut encoded = Vec::new();
-        for start in (0..plan.records()).step_by(RUNS_PER_LANDING) {
-            let which = start..plan.records().min(start + RUNS_PER_LANDING);
+        let mut chunks = (0..plan.records())
+            .step_by(RUNS_PER_LANDING)
+            .map(|start| start..plan.records().min(start + RUNS_PER_LANDING));
+        let mut landing: Option<(compaction::Fetched, Vec<Range<usize>>)> = None;
+        loop {
+            let fetched = {
+                let mut log = self.lock_log();
+                if log.closed || self.is_poisoned() {
+                    return None;
+                }
+                let Log {
+                    state,
+                    index,
+                    writer,
+                    ..
+                } = &mut *log;
+                if let Some((fetched, at)) = landing.take() {
+                    let landed = plan.land(&fetched, (&encoded, &at), index, writer);
+                    if let Err(e) = landed {
+                        self.poison(e);
+                        return None;
+                    }
+                }
+                let Some(which) = chunks.next() else {
+                    plan.finish(writer);
+                    return Some(writer.next_seq());
+                };
+                plan.fetch(which, state, index)
+            };
             encoded.clear();
-            let at = plan.encode(which.clone(), &mut encoded);
-            let mut log = self.lock_log();
-            if log.closed || self.is_poisoned() {
-                return None;
-            }
-            let Log { index, writer, .. } = &mut *log;
-            if let Err(e) = plan.land(which, (&encoded, &at), index, writer) {
-                self.poison(e);
-                return None;
-            }
+            let at = plan.encode(&fetched, &mut encoded);
+            landing = Some((fetched, at));
         }
-        let mut log = self.lock_log();
-        plan.finish(&mut log.writer);
-        Some(log.writer.next_seq())
     }
 }
 

@@ -138,18 +138,28 @@ impl LiveIndex {
         location.is_some_and(|(s, _)| *s == segment)
     }
 
-    /// The keys whose latest change is in `segment`, sorted.
-    fn keys_in(&self, segment: u64) -> Vec<Key> {
+    /// Whether `key` has its latest change in `segment`.
+    fn holds(&self, segment: u64, key: &Key) -> bool {
+        let location = match key {
+            Key::Proc(id) => self.procs.get(id),
+            Key::Meta(key) => self.meta.get(key),
+        };
+        location.is_some_and(|(s, _)| *s == segment)
+    }
+
+    /// The keys whose latest change is in `segment`, sorted, with that change's
+    /// estimated size.
+    fn keys_in(&self, segment: u64) -> Vec<(Key, u64)> {
         if !self.per_segment.contains_key(&segment) {
             return Vec::new();
         }
         let procs = self.procs.iter().filter(|(_, (s, _))| *s == segment);
         let meta = self.meta.iter().filter(|(_, (s, _))| *s == segment);
-        let mut keys: Vec<Key> = procs
-            .map(|(id, _)| Key::Proc(*id))
-            .chain(meta.map(|(key, _)| Key::Meta(key.clone())))
+        let mut keys: Vec<(Key, u64)> = procs
+            .map(|(id, (_, size))| (Key::Proc(*id), *size))
+            .chain(meta.map(|(key, (_, size))| (Key::Meta(key.clone()), *size)))
             .collect();
-        keys.sort_unstable();
+        keys.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         keys
     }
 }
@@ -186,8 +196,9 @@ pub(crate) fn compact(
         };
         for which in (0..plan.records()).map(|run| run..run + 1) {
             encoded.clear();
-            let at = plan.encode(which.clone(), &mut encoded);
-            plan.land(which, (&encoded, &at), index, writer)?;
+            let fetched = plan.fetch(which, state, index);
+            let at = plan.encode(&fetched, &mut encoded);
+            plan.land(&fetched, (&encoded, &at), index, writer)?;
         }
         plan.finish(writer);
         removed += 1;
@@ -214,30 +225,31 @@ fn record_bound(segment_size: u64) -> u64 {
     COMPACTION_RECORD_BYTES.min(segment_size / 4)
 }
 
-/// Splits `changes` into runs of at least one change and at most `bound` estimated
-/// bytes beyond their first; no changes make one empty run. Compaction writes a record
-/// per run, and at least one: it carries the store's fencing token, which the
-/// compacted segment's records may have been the last to carry.
-fn runs(changes: &[Change], bound: u64) -> impl Iterator<Item = &[Change]> {
-    let mut rest = changes;
-    let mut empty = changes.is_empty().then_some(changes);
-    std::iter::from_fn(move || {
-        if let Some(none) = empty.take() {
-            return Some(none);
-        }
-        let (first, after) = rest.split_first()?;
-        let mut size = estimated_size(first);
-        let len = 1 + after
+/// Splits changes of estimated `sizes` into runs of at least one change and at most
+/// `bound` estimated bytes beyond their first, as ranges of indexes; no changes make one
+/// empty run. Compaction writes a record per run, and at least one: it carries the
+/// store's fencing token, which the compacted segment's records may have been the last
+/// to carry.
+fn runs(sizes: &[u64], bound: u64) -> Vec<Range<usize>> {
+    if sizes.is_empty() {
+        // One record, empty (a `Vec` of the one range `0..0`).
+        return std::iter::once(0..0).collect();
+    }
+    let mut runs = Vec::new();
+    let mut start = 0;
+    while start < sizes.len() {
+        let mut size = sizes[start];
+        let len = 1 + sizes[start + 1..]
             .iter()
-            .take_while(|change| {
-                size += estimated_size(change);
+            .take_while(|&&next| {
+                size += next;
                 size <= bound
             })
             .count();
-        let (run, tail) = rest.split_at(len);
-        rest = tail;
-        Some(run)
-    })
+        runs.push(start..start + len);
+        start += len;
+    }
+    runs
 }
 
 /// The compaction of the oldest closed segment, planned under the log's lock
@@ -265,12 +277,21 @@ fn runs(changes: &[Change], bound: u64) -> impl Iterator<Item = &[Change]> {
 /// whole record resident once the rest are superseded.
 pub(crate) struct Plan {
     segment: u64,
-    changes: Vec<Change>,
-    /// Each record's changes, as a range of `changes`.
+    /// The keys whose latest change was in the segment when planned, sorted.
+    keys: Vec<Key>,
+    /// Each record's keys, as a range of `keys`.
     runs: Vec<Range<usize>>,
     /// The highest fencing token when planned, which the records carry: at least every
     /// token the segment's records carry.
     token: Option<u64>,
+}
+
+/// The changes of some of a plan's runs, read from the state under the log's lock
+/// ([`Plan::fetch`]): what they are encoded from and landed as.
+pub(crate) struct Fetched {
+    changes: Vec<Change>,
+    /// Each record's changes, as a range of `changes`.
+    runs: Vec<Range<usize>>,
 }
 
 /// Plans the compaction of the oldest closed segment if closed segments hold more than
@@ -295,7 +316,7 @@ pub(crate) fn plan(
     if closed_bytes <= COMPACTION_RATIO * index.live_bytes() {
         return None;
     }
-    let keys = index.keys_in(segment);
+    let (keys, sizes): (Vec<Key>, Vec<u64>) = index.keys_in(segment).into_iter().unzip();
     if let Some(mapping) = kept.remove(&segment) {
         let ids = keys.iter().filter_map(|key| match key {
             Key::Proc(id) => Some(*id),
@@ -303,18 +324,11 @@ pub(crate) fn plan(
         });
         arena::copy_out_of(&mut state.records, ids.collect(), mapping);
     }
-    let changes: Vec<Change> = keys.iter().filter_map(|key| state.current(key)).collect();
-    let mut start = 0;
-    let runs = runs(&changes, record_bound(writer.segment_size()))
-        .map(|run| {
-            start += run.len();
-            start - run.len()..start
-        })
-        .collect();
+    let runs = runs(&sizes, record_bound(writer.segment_size()));
     writer.set_compacting(true);
     Some(Plan {
         segment,
-        changes,
+        keys,
         runs,
         token: state.highest_token,
     })
@@ -326,13 +340,31 @@ impl Plan {
         self.runs.len()
     }
 
-    /// Appends the records of runs `which` to `out`, whole, numbered 0 (the log numbers
-    /// them as it lands them); returns where each is.
-    pub(crate) fn encode(&self, which: Range<usize>, out: &mut Vec<u8>) -> Vec<Range<usize>> {
-        self.runs[which]
+    /// Reads the latest changes of runs `which`'s keys from `state`, under the log's
+    /// lock; a key whose latest change is no longer in the segment is left out.
+    pub(crate) fn fetch(&self, which: Range<usize>, state: &State, index: &LiveIndex) -> Fetched {
+        let mut changes = Vec::new();
+        let runs = self.runs[which]
             .iter()
             .map(|run| {
-                let changes = &self.changes[run.clone()];
+                let start = changes.len();
+                let keys = self.keys[run.clone()].iter();
+                let live = keys.filter(|key| index.holds(self.segment, key));
+                changes.extend(live.filter_map(|key| state.current(key)));
+                start..changes.len()
+            })
+            .collect();
+        Fetched { changes, runs }
+    }
+
+    /// Appends the records of `fetched` to `out`, whole, numbered 0 (the log numbers
+    /// them as it lands them); returns where each is. Needs no lock.
+    pub(crate) fn encode(&self, fetched: &Fetched, out: &mut Vec<u8>) -> Vec<Range<usize>> {
+        fetched
+            .runs
+            .iter()
+            .map(|run| {
+                let changes = &fetched.changes[run.clone()];
                 let start = out.len();
                 // Runs are bounded far below 4 GiB (`record_bound`).
                 let payload_len = record::payload_len(changes).expect("a bounded run");
@@ -342,20 +374,20 @@ impl Plan {
             .collect()
     }
 
-    /// Lands runs `which` in the log, their records in `encoded` at `at` ([`encode`]),
-    /// each flushed to the file as it lands: the writer's buffer holds one record, not
-    /// the segment's live data.
+    /// Lands `fetched` in the log, its records in `encoded` at `at` ([`encode`]), each
+    /// flushed to the file as it lands: the writer's buffer holds one record, not the
+    /// segment's live data.
     ///
     /// [`encode`]: Plan::encode
     pub(crate) fn land(
         &self,
-        which: Range<usize>,
+        fetched: &Fetched,
         (encoded, at): (&[u8], &[Range<usize>]),
         index: &mut LiveIndex,
         writer: &mut Writer,
     ) -> Result<(), StoreError> {
-        for (run, bytes) in self.runs[which].iter().zip(at) {
-            let changes = &self.changes[run.clone()];
+        for (run, bytes) in fetched.runs.iter().zip(at) {
+            let changes = &fetched.changes[run.clone()];
             let stale = |change: &&Change| !index.is_latest_in(self.segment, change);
             let landed = if changes.iter().any(|c| stale(&c)) {
                 let fresh: Vec<Change> = changes.iter().filter(|c| !stale(c)).cloned().collect();
@@ -410,8 +442,10 @@ mod tests {
             .enumerate()
             .map(|(id, &len)| put(id as u64, len))
             .collect();
-        let sizes: Vec<Vec<u64>> = runs(&changes, 2 * (CHANGE_OVERHEAD + 100))
-            .map(|run| run.iter().map(estimated_size).collect())
+        let each: Vec<u64> = changes.iter().map(estimated_size).collect();
+        let sizes: Vec<Vec<u64>> = runs(&each, 2 * (CHANGE_OVERHEAD + 100))
+            .into_iter()
+            .map(|run| each[run].to_vec())
             .collect();
         let (small, large, tiny) = (
             CHANGE_OVERHEAD + 100,
@@ -428,15 +462,24 @@ mod tests {
             ],
             "a change larger than the bound makes a record of its own"
         );
-        let ids: Vec<Change> = runs(&changes, 1).flatten().cloned().collect();
-        assert_eq!(ids, changes);
-        assert_eq!(
-            runs(&[], 1).collect::<Vec<_>>(),
-            [&[] as &[Change]],
-            "one empty record"
+        let indexes: Vec<usize> = runs(&each, 1).into_iter().flatten().collect();
+        assert_eq!(indexes, (0..changes.len()).collect::<Vec<_>>());
+        let empty = runs(&[], 1);
+        assert!(
+            empty.len() == 1 && empty[0].is_empty(),
+            "one empty record: {empty:?}"
         );
         assert_eq!(record_bound(1 << 30), COMPACTION_RECORD_BYTES);
         assert_eq!(record_bound(4096), 1024);
+    }
+
+    /// The keys of [`LiveIndex::keys_in`], without their sizes.
+    fn keys(index: &LiveIndex, segment: u64) -> Vec<Key> {
+        index
+            .keys_in(segment)
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect()
     }
 
     #[test]
@@ -446,10 +489,10 @@ mod tests {
         index.note(1, &put(2, 10));
         assert_eq!(index.live_bytes(), 2 * CHANGE_OVERHEAD + 110);
         index.note(2, &put(1, 50));
-        assert_eq!(index.keys_in(1), vec![Key::Proc(2)]);
-        assert_eq!(index.keys_in(2), vec![Key::Proc(1)]);
+        assert_eq!(keys(&index, 1), vec![Key::Proc(2)]);
+        assert_eq!(keys(&index, 2), vec![Key::Proc(1)]);
         index.note(3, &Change::Delete { id: 2 });
-        assert!(index.keys_in(1).is_empty());
+        assert!(keys(&index, 1).is_empty());
         assert_eq!(index.live_bytes(), CHANGE_OVERHEAD + 50);
         index.note(
             3,
@@ -465,12 +508,12 @@ mod tests {
         };
         index.note(3, &meta("k"));
         index.note(3, &put(7, 0));
-        assert_eq!(index.keys_in(3), vec![Key::Proc(7), Key::Meta("k".into())]);
+        assert_eq!(keys(&index, 3), vec![Key::Proc(7), Key::Meta("k".into())]);
         index.note(4, &meta("k"));
-        assert_eq!(index.keys_in(4), vec![Key::Meta("k".into())]);
+        assert_eq!(keys(&index, 4), vec![Key::Meta("k".into())]);
         assert_eq!(index.live_bytes(), 3 * CHANGE_OVERHEAD + 50 + 6);
         index.note(4, &Change::DeleteMeta { key: "k".into() });
-        assert!(index.keys_in(4).is_empty());
+        assert!(keys(&index, 4).is_empty());
         assert_eq!(index.live_bytes(), 2 * CHANGE_OVERHEAD + 50);
     }
 }

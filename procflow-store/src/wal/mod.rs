@@ -872,10 +872,10 @@ mod tests {
         }
     }
 
-    /// Stop 75: a compaction landed while the log's lock was let go since its plan
-    /// (as commits that write their own records land theirs) drops the copy of a key
-    /// written meanwhile: landed after the newer change, the copy would bring the old
-    /// value back at the next open.
+    /// Stop 75: a compaction landed while the log's lock was let go since it read the
+    /// values it carries (as commits that write their own records land theirs) drops
+    /// the copy of a key written meanwhile: landed after the newer change, the copy
+    /// would bring the old value back at the next open.
     #[tokio::test]
     async fn a_change_written_while_a_compaction_lands_is_not_brought_back() {
         let dir = tempfile::tempdir().unwrap();
@@ -887,12 +887,15 @@ mod tests {
             let batch = Batch::new().put(1, None, vec![n; 1000]);
             store.commit(batch).await.unwrap();
         }
-        let plan = {
+        let (plan, fetched) = {
             let mut log = store.inner.lock_log();
             log.writer.set_compacting(false);
-            log.plan_compaction().expect("compaction is due")
+            let plan = log.plan_compaction().expect("compaction is due");
+            let fetched = plan.fetch(0..plan.records(), &log.state, &log.index);
+            (plan, fetched)
         };
-        // Written after the plan, before the landing: the newest change of key 15.
+        // Written after the values were read, before the landing: the newest change of
+        // key 15.
         let newer = b"newer".to_vec();
         store
             .commit(Batch::new().put(15, None, newer.clone()))
@@ -902,9 +905,8 @@ mod tests {
             let mut log = store.inner.lock_log();
             let Log { index, writer, .. } = &mut *log;
             let mut encoded = Vec::new();
-            let at = plan.encode(0..plan.records(), &mut encoded);
-            plan.land(0..plan.records(), (&encoded, &at), index, writer)
-                .unwrap();
+            let at = plan.encode(&fetched, &mut encoded);
+            plan.land(&fetched, (&encoded, &at), index, writer).unwrap();
             plan.finish(writer);
         }
         store.inner.delete_doomed();
