@@ -148,31 +148,20 @@ impl Inner {
         end
     }
 
-    /// Deletes the segments this commit's compaction took out of the log, once every
-    /// record below `end` (this commit's, compaction's) is written and synced: synced
-    /// here, as the lock holder synced them before the deletion moved out of the lock.
-    fn delete_compacted(&self, end: u64) {
-        if self.progress.wait_written(end).is_err() {
+    /// Lands the compaction this commit planned, syncs its records with the commit's
+    /// own (written below `end`, marked written without waking the sync thread: one
+    /// sync, not one for each), and deletes the compacted segment's file once they are
+    /// durable. If the landing stopped (the store poisoned or closed), the commit's own
+    /// records are still synced here.
+    fn compact_planned(&self, plan: compaction::Plan, end: u64) {
+        let landed = self.land(plan);
+        let below = landed.unwrap_or(end);
+        if self.progress.wait_written(below).is_err() {
             return; // Poisoned.
         }
         sync_written(self);
-        if self.progress.durable() >= end {
+        if landed.is_some() && self.progress.durable() >= below {
             self.delete_doomed();
-        }
-    }
-
-    /// Lands the compaction this commit planned, syncs its records with the commit's
-    /// own (written below `end`), and deletes the compacted segment's file. If the
-    /// landing stopped (the store poisoned or closed), the commit's records are still
-    /// synced here: they were marked written without waking the sync thread.
-    fn compact_planned(&self, plan: compaction::Plan, end: u64) {
-        match self.land(plan) {
-            Some(compacted_below) => self.delete_compacted(compacted_below),
-            None => {
-                if self.progress.wait_written(end).is_ok() {
-                    sync_written(self);
-                }
-            }
         }
     }
 
