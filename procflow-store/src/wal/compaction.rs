@@ -189,16 +189,13 @@ pub(crate) fn compact(
     }
     let active_at_start = writer.active_number();
     let mut removed = 0;
-    let mut encoded = Vec::new();
     while writer.segments()[0].number <= active_at_start {
         let Some(plan) = plan(state, kept, index, writer) else {
             break;
         };
         for which in (0..plan.records()).map(|run| run..run + 1) {
-            encoded.clear();
             let fetched = plan.fetch(which, state, index);
-            let at = plan.encode(&fetched, &mut encoded);
-            plan.land(&fetched, (&encoded, &at), index, writer)?;
+            plan.land_now(&fetched, index, writer)?;
         }
         plan.finish(writer);
         removed += 1;
@@ -389,21 +386,48 @@ impl Plan {
         for (run, bytes) in fetched.runs.iter().zip(at) {
             let changes = &fetched.changes[run.clone()];
             let stale = |change: &&Change| !index.is_latest_in(self.segment, change);
-            let landed = if changes.iter().any(|c| stale(&c)) {
+            if changes.iter().any(|c| stale(&c)) {
                 let fresh: Vec<Change> = changes.iter().filter(|c| !stale(c)).cloned().collect();
-                let payload_len = record::payload_len(&fresh)?;
-                let landed = writer.append(KIND_COMPACTION, self.token, &fresh, payload_len)?;
-                note_all(index, landed, &fresh);
-                landed
+                self.land_run(&fresh, index, writer)?;
             } else {
                 let landed = writer.append_encoded(&encoded[bytes.clone()])?;
                 note_all(index, landed, changes);
-                landed
-            };
-            debug_assert!(landed > self.segment);
-            writer.flush()?;
+                debug_assert!(landed > self.segment);
+                writer.flush()?;
+            }
         }
         Ok(())
+    }
+
+    /// Lands `fetched` in the same hold of the log's lock that fetched it, each run
+    /// encoded straight into the writer's buffer: nothing can have changed since the
+    /// fetch, and encoding each run apart first ([`land`](Plan::land)'s way) cost one
+    /// more copy of the segment's live data under the lock.
+    pub(crate) fn land_now(
+        &self,
+        fetched: &Fetched,
+        index: &mut LiveIndex,
+        writer: &mut Writer,
+    ) -> Result<(), StoreError> {
+        for run in &fetched.runs {
+            self.land_run(&fetched.changes[run.clone()], index, writer)?;
+        }
+        Ok(())
+    }
+
+    /// Appends `changes` as one compaction record, notes them in the index, and flushes
+    /// it to the file.
+    fn land_run(
+        &self,
+        changes: &[Change],
+        index: &mut LiveIndex,
+        writer: &mut Writer,
+    ) -> Result<(), StoreError> {
+        let payload_len = record::payload_len(changes)?;
+        let landed = writer.append(KIND_COMPACTION, self.token, changes, payload_len)?;
+        note_all(index, landed, changes);
+        debug_assert!(landed > self.segment);
+        writer.flush()
     }
 
     /// Every run landed: takes the segment out of the log.
